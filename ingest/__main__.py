@@ -1,0 +1,5 @@
+"""``python -m ingest`` == the ``ingest`` console script."""
+
+from ingest.cli import main
+
+main()

@@ -1,0 +1,414 @@
+"""Configuration: frozen pydantic-settings models loaded from one YAML file.
+
+Sources, highest priority first:
+
+1. environment variables ``INGEST_<SECTION>__<KEY>`` (``__`` separates nesting
+   levels, e.g. ``INGEST_KAFKA__BOOTSTRAP_SERVERS=host:9092``; a list such as
+   ``pipelines`` can only be replaced whole, as JSON),
+2. the YAML file given by ``--config`` or ``INGEST_CONFIG``,
+3. the defaults below.
+
+Every model forbids unknown keys and is frozen. Secrets (database DSNs and
+passwords, librdkafka ``sasl.password`` / ``ssl.key.password``) are
+:class:`pydantic.SecretStr` and print as ``**********``.
+
+:func:`load_settings` turns any validation failure into a :class:`ConfigError`
+whose message names the file, the field path and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+from ingest.errors import ConfigError
+
+#: PostgreSQL column types the mapper can coerce to, by base name. A type may
+#: carry a modifier, e.g. ``numeric(12,2)`` or ``varchar(64)``; the database
+#: enforces the modifier and rejects violating rows (they become poison rows).
+PG_TYPES: frozenset[str] = frozenset(
+    {
+        "smallint", "integer", "bigint", "numeric", "real", "double precision",
+        "text", "varchar", "boolean", "timestamptz", "timestamp", "date",
+        "jsonb", "json", "uuid", "bytea",
+    }
+)
+PG_TYPE_ALIASES: dict[str, str] = {
+    "int": "integer", "int4": "integer", "int8": "bigint", "int2": "smallint",
+    "float8": "double precision", "float4": "real", "decimal": "numeric",
+    "bool": "boolean", "character varying": "varchar",
+    "timestamp with time zone": "timestamptz", "timestamp without time zone": "timestamp",
+}
+_TYPE_RE = re.compile(r"^\s*([a-z][a-z0-9 ]*?)\s*(\(\s*\d+\s*(,\s*\d+\s*)?\))?\s*$")
+
+_SOURCE_RE = re.compile(r"^(\$(\.[^.\[\]]+|\[\d+\])*|@(key|topic|partition|offset|timestamp|header\.[^\s]+))$")
+_SECRET_CLIENT_KEYS = ("password", "secret", "sasl.oauthbearer.config", "ssl.key.pem")
+
+
+def pg_base_type(type_name: str) -> tuple[str, str]:
+    """Return ``(base, full)`` for a PostgreSQL column type, e.g. ``('numeric', 'numeric(12,2)')``.
+
+    Raises ValueError for a type the mapper does not support.
+    """
+    match = _TYPE_RE.match(type_name.lower())
+    if not match:
+        raise ValueError(f"unsupported column type {type_name!r}")
+    base = PG_TYPE_ALIASES.get(match.group(1), match.group(1))
+    if base not in PG_TYPES:
+        raise ValueError(
+            f"unsupported column type {type_name!r}; supported: {', '.join(sorted(PG_TYPES))}"
+        )
+    modifier = (match.group(2) or "").replace(" ", "")
+    if modifier and base not in ("numeric", "varchar", "timestamptz", "timestamp"):
+        raise ValueError(f"column type {base!r} takes no modifier {modifier!r}")
+    return base, base + modifier
+
+
+def _check_identifier(name: str) -> str:
+    """Names reach SQL only through identifier quoting; here we only forbid what can never work."""
+    if not name or "\x00" in name or len(name.encode()) > 63:
+        raise ValueError(f"invalid SQL identifier {name!r}: must be 1-63 bytes without NUL")
+    return name
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaSettings(Frozen):
+    """Broker connection shared by every pipeline."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    #: Passthrough librdkafka settings (security.protocol, sasl.*, ssl.*, session.timeout.ms, ...).
+    #: Values of keys that look secret are masked in every printout.
+    client: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    #: Messages fetched per ``consume()`` call.
+    consume_batch_size: int = Field(default=5000, ge=1, le=1_000_000)
+    #: How long one ``consume()`` call waits for messages.
+    poll_timeout_ms: int = Field(default=100, ge=1, le=60_000)
+
+    def client_config(self) -> dict[str, Any]:
+        """The librdkafka settings, secrets included (only for building clients)."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.client}
+
+    def redacted_client(self) -> dict[str, Any]:
+        return {
+            k: ("**********" if any(s in k for s in _SECRET_CLIENT_KEYS) else v) for k, v in self.client.items()
+        }
+
+    def __repr_args__(self):  # type: ignore[override]
+        for name, value in super().__repr_args__():
+            yield name, (self.redacted_client() if name == "client" else value)
+
+
+class BatchSettings(Frozen):
+    """When a lane's ring buffer is flushed: whichever limit is reached first."""
+
+    max_rows: int = Field(default=5000, ge=1, le=1_000_000)
+    max_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_latency_ms: int = Field(default=500, ge=1)
+
+
+class RetrySettings(Frozen):
+    """Backoff for transient failures (exponential with full jitter).
+
+    ``max_attempts: 0`` retries forever. When attempts run out the pipeline
+    stops with an error (exit 1) without committing; data is never
+    dead-lettered because a service was down.
+    """
+
+    max_attempts: int = Field(default=10, ge=0)
+    initial_backoff_ms: int = Field(default=100, ge=1)
+    max_backoff_ms: int = Field(default=30_000, ge=1)
+
+
+class ColumnSpec(Frozen):
+    """One target column: its database type and where its value comes from.
+
+    ``source`` is a JSON path into the record value (``$.a.b``, ``$.items[0]``)
+    or Kafka metadata (``@key``, ``@topic``, ``@partition``, ``@offset``,
+    ``@timestamp``, ``@header.NAME``). Default: ``$.<column name>``.
+    """
+
+    type: str
+    source: str | None = None
+    required: bool = False
+    default: Any = None
+
+    @field_validator("source")
+    @classmethod
+    def _source_syntax(cls, value: str | None) -> str | None:
+        if value is not None and not _SOURCE_RE.match(value):
+            raise ValueError(
+                f"invalid source {value!r}: use a JSON path like '$.a.b' or one of "
+                "@key @topic @partition @offset @timestamp @header.NAME"
+            )
+        return value
+
+
+class _SinkBase(Frozen):
+    table: str
+    columns: dict[str, ColumnSpec]
+
+    @field_validator("table")
+    @classmethod
+    def _table_name(cls, value: str) -> str:
+        return _check_identifier(value)
+
+    @field_validator("columns")
+    @classmethod
+    def _columns(cls, value: dict[str, ColumnSpec]) -> dict[str, ColumnSpec]:
+        if not value:
+            raise ValueError("at least one column is required")
+        for name in value:
+            _check_identifier(name)
+        return value
+
+    def column_source(self, name: str) -> str:
+        return self.columns[name].source or f"$.{name}"
+
+
+class PostgresSink(_SinkBase):
+    """Write batches into one PostgreSQL table with an idempotent upsert."""
+
+    kind: Literal["postgres"] = "postgres"
+    dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/postgres")
+    db_schema: str = Field(default="public", alias="schema")
+    conflict_key: list[str] = Field(default_factory=list)
+    #: update: ``ON CONFLICT DO UPDATE`` (last record wins); nothing: ``DO NOTHING``
+    #: (first write wins); none: plain INSERT (append-only tables, no conflict key).
+    on_conflict: Literal["update", "nothing", "none"] = "update"
+    #: Optional column whose value must not go backwards: an update only applies
+    #: when ``EXCLUDED.version >= current.version`` (protects against a stale
+    #: writer after a rebalance). Typically a column with ``source: '@offset'``
+    #: or an event timestamp.
+    version_column: str | None = None
+    #: Connections in the pool (at least one per lane is used).
+    pool_size: int = Field(default=0, ge=0, le=256)
+    statement_timeout_ms: int = Field(default=60_000, ge=0)
+    #: ``copy``: COPY into a temp stage then INSERT .. SELECT .. ON CONFLICT (fastest);
+    #: ``values``: multi-row INSERT .. VALUES (for poolers that forbid temp tables).
+    write_method: Literal["copy", "values"] = "copy"
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("columns")
+    @classmethod
+    def _pg_types(cls, value: dict[str, ColumnSpec]) -> dict[str, ColumnSpec]:
+        for name, spec in value.items():
+            try:
+                pg_base_type(spec.type)
+            except ValueError as exc:
+                raise ValueError(f"column {name!r}: {exc}") from None
+        return value
+
+    @field_validator("db_schema")
+    @classmethod
+    def _schema_name(cls, value: str) -> str:
+        return _check_identifier(value)
+
+    @model_validator(mode="after")
+    def _keys(self) -> PostgresSink:
+        missing = [k for k in self.conflict_key if k not in self.columns]
+        if missing:
+            raise ValueError(f"conflict_key {missing} not among columns {list(self.columns)}")
+        if self.on_conflict != "none" and not self.conflict_key:
+            raise ValueError("conflict_key is required unless on_conflict is 'none'")
+        if len(set(self.conflict_key)) != len(self.conflict_key):
+            raise ValueError("conflict_key lists a column twice")
+        if self.version_column is not None and self.version_column not in self.columns:
+            raise ValueError(f"version_column {self.version_column!r} not among columns")
+        return self
+
+
+class ClickHouseSink(_SinkBase):
+    """Write batches into a ClickHouse ReplacingMergeTree table."""
+
+    kind: Literal["clickhouse"]
+    url: str = "http://127.0.0.1:8123"
+    database: str = "default"
+    user: str = "default"
+    password: SecretStr = SecretStr("")
+    order_by: list[str] = Field(default_factory=list)
+    version_column: str | None = None
+    compression: Literal["lz4", "zstd", "gzip", "none"] = "lz4"
+    settings: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    cluster: str | None = None
+
+    @model_validator(mode="after")
+    def _keys(self) -> ClickHouseSink:
+        missing = [k for k in self.order_by if k not in self.columns]
+        if missing:
+            raise ValueError(f"order_by {missing} not among columns {list(self.columns)}")
+        if not self.order_by:
+            raise ValueError("order_by is required")
+        return self
+
+
+SinkSettings = Annotated[PostgresSink | ClickHouseSink, Field(discriminator="kind")]
+
+
+class DlqSettings(Frozen):
+    """Where poison records go, and when a pipeline should stop instead.
+
+    The guard: the pipeline stops (exit 1) when more than ``max_consecutive``
+    records in a row were dead-lettered, or when the dead-lettered share of the
+    last ``window`` records exceeds ``max_ratio``. Both on by default with
+    generous limits; set to ``null`` to turn one off.
+    """
+
+    kind: Literal["postgres", "kafka"] = "postgres"
+    table: str = "ingest_dlq"
+    #: DSN of the DLQ database; default: the sink's DSN (PostgreSQL sinks).
+    dsn: SecretStr | None = None
+    db_schema: str = Field(default="public", alias="schema")
+    topic: str | None = None
+    max_ratio: float | None = Field(default=0.5, gt=0, le=1)
+    max_consecutive: int | None = Field(default=1000, ge=1)
+    window: int = Field(default=1000, ge=1)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("table")
+    @classmethod
+    def _table_name(cls, value: str) -> str:
+        return _check_identifier(value)
+
+    @model_validator(mode="after")
+    def _topic(self) -> DlqSettings:
+        if self.kind == "kafka" and not self.topic:
+            raise ValueError("dlq.topic is required when dlq.kind is 'kafka'")
+        return self
+
+
+class PipelineSettings(Frozen):
+    """One topic set → one table, with its own consumer group."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    topics: list[str] = Field(min_length=1)
+    group_id: str | None = None
+    format: Literal["json"] = "json"
+    #: Ordering / lane key: a JSON path into the value; default: the Kafka message key.
+    key: str | None = None
+    priority: int = 0
+    lanes: int = Field(default=1, ge=1, le=256)
+    #: Records without a key: spread over lanes (round_robin) or keep in order on lane 0.
+    unkeyed: Literal["round_robin", "lane0"] = "round_robin"
+    #: A record with a null value (tombstone): dead-letter it or skip it (counted as done).
+    tombstones: Literal["dlq", "skip"] = "dlq"
+    batch: BatchSettings = Field(default_factory=BatchSettings)
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+    sink: SinkSettings
+    dlq: DlqSettings = Field(default_factory=DlqSettings)
+    commit_interval_ms: int = Field(default=1000, ge=10)
+    shutdown_timeout_s: float = Field(default=30.0, gt=0)
+    #: Backpressure bounds: consumption pauses while more than this is in flight.
+    max_buffered_records: int = Field(default=100_000, ge=1)
+    max_buffered_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
+
+    @property
+    def effective_group_id(self) -> str:
+        return self.group_id or f"ingest-{self.name}"
+
+    @field_validator("key")
+    @classmethod
+    def _key_path(cls, value: str | None) -> str | None:
+        if value is not None and not _SOURCE_RE.match(value):
+            raise ValueError(f"invalid key path {value!r}")
+        return value
+
+
+class Settings(BaseSettings):
+    """The whole configuration file."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="INGEST_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    pipelines: list[PipelineSettings] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Settings:
+        seen: set[str] = set()
+        for pipeline in self.pipelines:
+            if pipeline.name in seen:
+                raise ValueError(f"duplicate pipeline name {pipeline.name!r}")
+            seen.add(pipeline.name)
+        return self
+
+    def pipeline(self, name: str) -> PipelineSettings:
+        for pipeline in self.pipelines:
+            if pipeline.name == name:
+                return pipeline
+        raise ConfigError(f"no pipeline named {name!r}; have {[p.name for p in self.pipelines]}")
+
+
+def _format_error(path: str, exc: ValidationError, data: Any) -> str:
+    lines = [f"invalid config {path}:"]
+    for err in exc.errors():
+        loc_parts: list[str] = []
+        node = data
+        for part in err["loc"]:
+            if isinstance(part, int) and isinstance(node, list) and part < len(node):
+                name = node[part].get("name") if isinstance(node[part], dict) else None
+                loc_parts.append(f"{part}" + (f"({name})" if name else ""))
+                node = node[part]
+            else:
+                if part in ("PostgresSink", "ClickHouseSink", "postgres", "clickhouse", "function-after"):
+                    continue
+                loc_parts.append(str(part))
+                node = node.get(part) if isinstance(node, dict) else None
+        loc = ".".join(loc_parts) or "<root>"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif err["type"] == "missing":
+            msg = "required field missing"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
+    """Load and validate the config file (``path`` or ``$INGEST_CONFIG``) plus env overrides.
+
+    Raises :class:`ConfigError` naming the file and every bad field.
+    """
+    path = path or os.environ.get("INGEST_CONFIG")
+    if not path:
+        raise ConfigError("no config file: pass --config FILE or set INGEST_CONFIG")
+    file = Path(path)
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {file} not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {file} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid config {file}: top level must be a mapping")
+
+    class _FileSettings(Settings):
+        model_config = SettingsConfigDict(yaml_file=str(file))
+
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls))
+
+    try:
+        loaded = _FileSettings()
+    except ValidationError as exc:
+        raise ConfigError(_format_error(str(file), exc, data)) from None
+    return loaded

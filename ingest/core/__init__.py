@@ -1,0 +1,1 @@
+"""Pure logic: no client imports, no I/O, time passed in."""

@@ -1,0 +1,624 @@
+"""Record → row mapping: decode a Kafka record once and coerce it into a typed row tuple.
+
+Design
+------
+This code runs for every consumed record, so all the work that depends only on
+the configuration is done once, in :class:`Mapper.__init__` ("compiling" the
+pipeline's column specs):
+
+* Each column becomes a plan entry ``(name, source, getter, coercer, default,
+  required)``. The *getter* is a closure ``getter(record, doc)`` specialised for
+  the column's source (``$``, a one-key path ``$.a``, a longer path, or a Kafka
+  metadata field) and returns the raw value, or ``None`` for "missing"; the
+  *coercer* is a closure specialised for the column's PostgreSQL base type that
+  turns a raw value into the Python value psycopg 3 adapts to that type
+  (``int``, ``Decimal``, ``float``, ``str``, ``bool``, ``datetime``, ``date``,
+  ``UUID``, ``bytes``). The default value is coerced once up front, so a bad
+  default is a configuration error (``ValueError``), not a per-record one.
+* The value is decoded with :func:`orjson.loads` only if some column or the
+  ordering key reads a ``$`` path, and the "top level must be an object" check
+  runs once per record, not once per column.
+* :meth:`Mapper.map` is then a tight loop: one ``loads``, one getter and at
+  most one coercer call per column. Coercers raise a private lightweight
+  exception carrying an error class; ``map`` adds the column name and source and
+  re-raises it as :class:`~ingest.errors.InvalidRecord`. A final catch-all turns
+  anything unexpected into ``InvalidRecord`` too, so a hostile record can never
+  crash a pipeline: it is dead-lettered instead.
+
+Null handling: a JSON ``null`` is treated exactly like a missing field (a
+required column raises ``missing_field``; an optional one gets its default or
+``None``). Records with a null value (tombstones) always raise
+``InvalidRecord('decode', 'tombstone', ...)``, even when no column reads the
+value; the pipeline decides whether to skip or dead-letter them.
+
+Metadata sources (``@key``, ``@header.NAME``) hold bytes. A ``bytea`` column
+takes them raw; any other column gets them decoded as UTF-8 text and then
+coerced like a JSON string (so ``@key`` into ``bigint`` parses ``b"42"``, and
+``@key`` into ``jsonb`` stores a JSON string). ``@topic`` is a string,
+``@partition``/``@offset``/``@timestamp`` are integers (``@timestamp`` is epoch
+milliseconds, so it can feed a ``timestamptz`` column directly).
+
+Known limit: orjson parses integers outside the 64-bit range as ``float``, so a
+JSON number such as ``123456789012345678901234567890`` loses precision in a
+``numeric`` column. Send such values as JSON strings (``"1234..."``), which are
+parsed exactly.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import sys
+from collections.abc import Callable, Mapping
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal, InvalidOperation
+from typing import Any
+from uuid import UUID
+
+import orjson
+
+from ingest.config import ColumnSpec, pg_base_type
+from ingest.errors import InvalidRecord
+from ingest.types import Record
+
+__all__ = ["Mapper"]
+
+Getter = Callable[[Record, Any], Any]
+Coercer = Callable[[Any], Any]
+
+_UTC = timezone.utc
+_EPOCH_AWARE = datetime(1970, 1, 1, tzinfo=_UTC)
+_EPOCH_NAIVE = datetime(1970, 1, 1)
+
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    "smallint": (-(2**15), 2**15 - 1),
+    "integer": (-(2**31), 2**31 - 1),
+    "bigint": (-(2**63), 2**63 - 1),
+}
+_REAL_MAX = 3.4028234663852886e38
+#: PostgreSQL numeric: at most 131072 digits before the decimal point, 16383 after.
+_NUMERIC_MAX_ADJUSTED = 131071
+_NUMERIC_MIN_EXPONENT = -16383
+
+_INT_STR = re.compile(r"[+-]?[0-9]+")
+_NUM_STR = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+#: A JSON ``\u0000`` escape preceded by an even number of backslashes (i.e. a real escape,
+#: not the text ``\\u0000``).
+_JSON_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+_TRUE = frozenset({"true", "t", "1"})
+_FALSE = frozenset({"false", "f", "0"})
+_MAX_DATETIME_TEXT = 64
+_fromisoformat = datetime.fromisoformat
+
+_PATH_STEP = re.compile(r"\.([^.\[\]]+)|\[([0-9]+)\]")
+_METADATA = ("@key", "@topic", "@partition", "@offset", "@timestamp")
+
+
+class _Bad(Exception):
+    """Raised by getters/coercers; ``map`` wraps it into InvalidRecord with the column context."""
+
+    __slots__ = ("error_class", "detail")
+
+    def __init__(self, error_class: str, detail: str) -> None:
+        self.error_class = error_class
+        self.detail = detail
+
+
+def _show(value: Any) -> str:
+    """A short, safe description of a value for error messages."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    try:
+        text = repr(value)
+    except Exception:  # e.g. an int too long to print
+        return f"a {type(value).__name__}"
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+# --------------------------------------------------------------------------- coercers
+# Each coercer takes a non-None raw value (JSON value, metadata str/int/bytes or a
+# config default) and returns the psycopg-ready value, or raises _Bad.
+
+
+def _int_coercer(base: str) -> Coercer:
+    lo, hi = _INT_RANGES[base]
+
+    def coerce(v: Any) -> int:
+        t = type(v)
+        if t is int:
+            n = v
+        elif t is float:
+            if not v.is_integer():  # also false for inf / nan
+                raise _Bad("invalid_value", f"{_show(v)} is not an integer")
+            if not -1e19 < v < 1e19:
+                raise _Bad("out_of_range", f"{_show(v)} is out of range for {base}")
+            n = int(v)
+        elif t is str:
+            if not _INT_STR.fullmatch(v):
+                raise _Bad("invalid_value", f"{_show(v)} is not an integer")
+            if len(v.lstrip("+-").lstrip("0")) > 19:
+                raise _Bad("out_of_range", f"{_show(v)} is out of range for {base}")
+            n = int(v)
+        else:
+            raise _Bad("wrong_type", f"expected an integer, got {_show(v)}")
+        if n < lo or n > hi:
+            raise _Bad("out_of_range", f"{n} is out of range for {base}")
+        return n
+
+    return coerce
+
+
+def _check_decimal(d: Decimal, v: Any) -> Decimal:
+    if not d.is_finite():
+        raise _Bad("invalid_value", f"{_show(v)} is not a finite number")
+    if d.adjusted() > _NUMERIC_MAX_ADJUSTED or d.as_tuple().exponent < _NUMERIC_MIN_EXPONENT:  # type: ignore[operator]
+        raise _Bad("out_of_range", f"{_show(v)} is out of range for numeric")
+    return d
+
+
+def _numeric(v: Any) -> Decimal:
+    t = type(v)
+    if t is float:
+        if v - v != 0.0:  # inf or nan; any finite double fits PostgreSQL numeric
+            raise _Bad("invalid_value", f"{_show(v)} is not a finite number")
+        return Decimal(repr(v))  # shortest repr: no binary noise (0.1 -> Decimal('0.1'))
+    if t is int:
+        d = Decimal(v)
+        return d if v.bit_length() <= 64 else _check_decimal(d, v)
+    if t is str:
+        if not _NUM_STR.fullmatch(v):
+            raise _Bad("invalid_value", f"{_show(v)} is not a number")
+        try:
+            d = Decimal(v)
+        except InvalidOperation:
+            raise _Bad("invalid_value", f"{_show(v)} is not a number") from None
+        # Without an exponent the digit counts are bounded by the length: no check needed.
+        if len(v) <= 16000 and "e" not in v and "E" not in v:
+            return d
+        return _check_decimal(d, v)
+    if t is Decimal:
+        return _check_decimal(v, v)
+    raise _Bad("wrong_type", f"expected a number, got {_show(v)}")
+
+
+def _float_coercer(base: str) -> Coercer:
+    limit = _REAL_MAX if base == "real" else sys.float_info.max
+
+    def coerce(v: Any) -> float:
+        t = type(v)
+        if t is float:
+            f = v
+        elif t is int:
+            try:
+                f = float(v)
+            except OverflowError:
+                raise _Bad("out_of_range", f"{_show(v)} is out of range for {base}") from None
+        elif t is str:
+            if not _NUM_STR.fullmatch(v):
+                raise _Bad("invalid_value", f"{_show(v)} is not a number")
+            f = float(v)
+        else:
+            raise _Bad("wrong_type", f"expected a number, got {_show(v)}")
+        if -limit <= f <= limit:
+            return f
+        if f != f:
+            raise _Bad("invalid_value", f"{_show(v)} is not a number")
+        raise _Bad("out_of_range", f"{_show(v)} is out of range for {base}")
+
+    return coerce
+
+
+def _text(v: Any) -> str:
+    t = type(v)
+    if t is str:
+        if "\x00" in v:
+            raise _Bad("invalid_value", "text contains a NUL character (\\x00), which PostgreSQL rejects")
+        return v
+    if t is bool:
+        return "true" if v else "false"
+    if t is int or t is float:
+        return str(v)
+    raise _Bad("wrong_type", f"expected a string, got {_show(v)}")
+
+
+def _boolean(v: Any) -> bool:
+    t = type(v)
+    if t is bool:
+        return v
+    if t is str:
+        low = v.lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise _Bad("invalid_value", f"{_show(v)} is not a boolean")
+    if t is int:
+        if v == 1:
+            return True
+        if v == 0:
+            return False
+        raise _Bad("invalid_value", f"{_show(v)} is not a boolean (only 0 and 1 are)")
+    raise _Bad("wrong_type", f"expected a boolean, got {_show(v)}")
+
+
+def _parse_datetime(v: str) -> datetime:
+    if len(v) > _MAX_DATETIME_TEXT:
+        raise _Bad("invalid_value", f"{_show(v)} is not an ISO 8601 timestamp")
+    try:
+        return _fromisoformat(v)
+    except ValueError:
+        raise _Bad("invalid_value", f"{_show(v)} is not an ISO 8601 timestamp") from None
+
+
+def _from_epoch_ms(v: int | float, epoch: datetime) -> datetime:
+    try:
+        return epoch + timedelta(milliseconds=v)
+    except (OverflowError, ValueError):
+        raise _Bad("invalid_value", f"{_show(v)} epoch milliseconds is out of the supported range") from None
+
+
+def _timestamptz(v: Any) -> datetime:
+    if type(v) is str:
+        if len(v) <= _MAX_DATETIME_TEXT:
+            try:
+                dt = _fromisoformat(v)
+            except ValueError:
+                pass
+            else:
+                return dt if dt.tzinfo is not None else dt.replace(tzinfo=_UTC)
+        raise _Bad("invalid_value", f"{_show(v)} is not an ISO 8601 timestamp")
+    t = type(v)
+    if t is int or t is float:
+        return _from_epoch_ms(v, _EPOCH_AWARE)
+    if t is datetime:
+        return v if v.tzinfo is not None else v.replace(tzinfo=_UTC)
+    raise _Bad("wrong_type", f"expected an ISO 8601 string or epoch milliseconds, got {_show(v)}")
+
+
+def _to_naive_utc(dt: datetime) -> datetime:
+    if dt.tzinfo is None:
+        return dt
+    try:
+        return dt.astimezone(_UTC).replace(tzinfo=None)
+    except OverflowError:
+        raise _Bad("invalid_value", f"{dt.isoformat()} is out of the supported range in UTC") from None
+
+
+def _timestamp(v: Any) -> datetime:
+    t = type(v)
+    if t is str:
+        return _to_naive_utc(_parse_datetime(v))
+    if t is int or t is float:
+        return _from_epoch_ms(v, _EPOCH_NAIVE)
+    if t is datetime:
+        return _to_naive_utc(v)
+    raise _Bad("wrong_type", f"expected an ISO 8601 string or epoch milliseconds, got {_show(v)}")
+
+
+def _date(v: Any) -> date:
+    t = type(v)
+    if t is str:
+        if len(v) <= 10:
+            try:
+                return date.fromisoformat(v)
+            except ValueError:
+                raise _Bad("invalid_value", f"{_show(v)} is not an ISO 8601 date") from None
+        return _parse_datetime(v).date()
+    if t is date:
+        return v
+    raise _Bad("wrong_type", f"expected an ISO 8601 date string, got {_show(v)}")
+
+
+def _json(v: Any) -> str:
+    try:
+        out = orjson.dumps(v)
+    except (TypeError, ValueError) as exc:  # nesting deeper than orjson's limit, non-JSON default
+        raise _Bad("invalid_value", f"cannot encode as JSON: {exc}") from None
+    if b"\\u0000" in out and _JSON_NUL.search(out):
+        raise _Bad("invalid_value", "JSON contains a NUL character (\\u0000), which PostgreSQL rejects")
+    return out.decode()
+
+
+def _uuid(v: Any) -> UUID:
+    if type(v) is str:
+        if v.isascii():
+            try:
+                return UUID(v)
+            except ValueError:
+                pass
+        raise _Bad("invalid_value", f"{_show(v)} is not a UUID")
+    if type(v) is UUID:
+        return v
+    raise _Bad("wrong_type", f"expected a UUID string, got {_show(v)}")
+
+
+def _bytea(v: Any) -> bytes:
+    t = type(v)
+    if t is bytes:  # raw metadata (@key, @header.NAME) or a config default
+        return v
+    if t is str:
+        try:
+            return base64.b64decode(v, validate=True)
+        except (binascii.Error, ValueError):
+            raise _Bad("invalid_value", f"{_show(v)} is not valid base64") from None
+    if t is bytearray or t is memoryview:
+        return bytes(v)
+    raise _Bad("wrong_type", f"expected a base64 string, got {_show(v)}")
+
+
+def _coercer_for(base: str) -> Coercer:
+    if base in _INT_RANGES:
+        return _int_coercer(base)
+    if base in ("real", "double precision"):
+        return _float_coercer(base)
+    simple: dict[str, Coercer] = {
+        "numeric": _numeric,
+        "text": _text,
+        "varchar": _text,
+        "boolean": _boolean,
+        "timestamptz": _timestamptz,
+        "timestamp": _timestamp,
+        "date": _date,
+        "json": _json,
+        "jsonb": _json,
+        "uuid": _uuid,
+        "bytea": _bytea,
+    }
+    try:
+        return simple[base]
+    except KeyError:
+        raise ValueError(f"unsupported column type {base!r}") from None
+
+
+# --------------------------------------------------------------------------- getters
+# A getter returns the raw value or None when the source is missing (or JSON null).
+
+
+def _parse_path(path: str) -> tuple[tuple[bool, str | int], ...]:
+    """``$.a[0].b`` → ``((True, 'a'), (False, 0), (True, 'b'))``; True marks a dict key."""
+    if not path.startswith("$"):
+        raise ValueError(f"invalid JSON path {path!r}")
+    steps: list[tuple[bool, str | int]] = []
+    pos = 1
+    while pos < len(path):
+        m = _PATH_STEP.match(path, pos)
+        if not m:
+            raise ValueError(f"invalid JSON path {path!r}")
+        steps.append((True, m.group(1)) if m.group(1) is not None else (False, int(m.group(2))))
+        pos = m.end()
+    return tuple(steps)
+
+
+def _path_getter(steps: tuple[tuple[bool, str | int], ...], top_is_object: bool) -> Getter:
+    if not steps:
+        return lambda record, doc: doc
+    if len(steps) == 1 and steps[0][0] and top_is_object:
+        key = steps[0][1]
+        return lambda record, doc: doc.get(key)  # map() has checked doc is a dict
+
+    def get(record: Record, doc: Any) -> Any:
+        node = doc
+        for is_key, step in steps:
+            if is_key:
+                if type(node) is not dict:
+                    return None
+                node = node.get(step)
+            else:
+                if type(node) is not list or step >= len(node):  # type: ignore[operator]
+                    return None
+                node = node[step]  # type: ignore[index]
+            if node is None:
+                return None
+        return node
+
+    return get
+
+
+def _decode_text(raw: bytes | None, what: str) -> str | None:
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Bad("invalid_value", f"{what} is not valid UTF-8") from None
+
+
+def _header_getter(name: str, as_text: bool) -> Getter:
+    what = f"header {name!r}"
+
+    def get(record: Record, doc: Any) -> Any:
+        for hname, hvalue in record.headers:
+            if hname == name:
+                return _decode_text(hvalue, what) if as_text else hvalue
+        return None
+
+    return get
+
+
+def _metadata_getter(source: str, as_text: bool) -> Getter:
+    if source == "@key":
+        if as_text:
+            return lambda record, doc: _decode_text(record.key, "Kafka key")
+        return lambda record, doc: record.key
+    if source == "@topic":
+        return lambda record, doc: record.topic
+    if source == "@partition":
+        return lambda record, doc: record.partition
+    if source == "@offset":
+        return lambda record, doc: record.offset
+    if source == "@timestamp":
+        return lambda record, doc: record.timestamp_ms
+    if source.startswith("@header.") and len(source) > len("@header."):
+        return _header_getter(source[len("@header."):], as_text)
+    raise ValueError(f"invalid source {source!r}: use $-paths or one of {', '.join(_METADATA)} @header.NAME")
+
+
+def _render_key(value: Any) -> bytes | None:
+    """Ordering key bytes: str → UTF-8, int → decimal digits, bytes as is, other JSON → compact JSON."""
+    t = type(value)
+    if value is None:
+        return None
+    if t is bytes:
+        return value
+    if t is str:
+        return value.encode("utf-8")
+    if t is int:
+        return str(value).encode()
+    try:
+        return orjson.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise _Bad("invalid_value", f"cannot encode as JSON: {exc}") from None
+
+
+# --------------------------------------------------------------------------- Mapper
+
+
+class Mapper:
+    """Turns a :class:`~ingest.types.Record` into a row tuple plus its ordering key.
+
+    Build one per pipeline (construction does all the parsing); :meth:`map` is
+    then cheap and thread-safe (the mapper holds no mutable state).
+
+    ``columns``: target columns in row order; each column reads ``spec.source``
+    (default ``$.<name>``) and is coerced to ``spec.type``.
+    ``key_path``: where the ordering key comes from; ``None`` means the Kafka
+    message key.
+
+    Raises ``ValueError`` for an unsupported column type, an invalid source or
+    key path, or a default that is not valid for its column's type.
+    """
+
+    __slots__ = ("column_names", "column_types", "_plan", "_needs_json", "_needs_object", "_key_getter")
+
+    def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None) -> None:
+        if not columns:
+            raise ValueError("at least one column is required")
+        sources = {name: spec.source or f"$.{name}" for name, spec in columns.items()}
+        all_paths = [s for s in sources.values() if s.startswith("$")]
+        if key_path is not None and key_path.startswith("$"):
+            all_paths.append(key_path)
+        parsed = {p: _parse_path(p) for p in all_paths}
+        #: Decode the value only if a $-path is read; check for a top-level object only
+        #: if some path starts with a key step.
+        self._needs_json = bool(parsed)
+        self._needs_object = any(steps and steps[0][0] for steps in parsed.values())
+
+        plan = []
+        types = []
+        for name, spec in columns.items():
+            try:
+                base, full = pg_base_type(spec.type)
+            except ValueError as exc:
+                raise ValueError(f"column {name!r}: {exc}") from None
+            coerce = _coercer_for(base)
+            source = sources[name]
+            if source.startswith("$"):
+                getter = _path_getter(parsed[source], self._needs_object)
+            else:
+                try:
+                    getter = _metadata_getter(source, as_text=base != "bytea")
+                except ValueError as exc:
+                    raise ValueError(f"column {name!r}: {exc}") from None
+            default = None
+            if spec.default is not None:
+                try:
+                    default = coerce(spec.default)
+                except _Bad as exc:
+                    raise ValueError(f"column {name!r}: default is not a valid {full}: {exc.detail}") from None
+            plan.append((name, source, getter, coerce, default, spec.required))
+            types.append(full)
+        self._plan: tuple[tuple[str, str, Getter, Coercer, Any, bool], ...] = tuple(plan)
+        #: Column names in row order.
+        self.column_names: tuple[str, ...] = tuple(columns)
+        #: Normalised PostgreSQL types in row order, e.g. ``('bigint', 'numeric(12,2)')``.
+        self.column_types: tuple[str, ...] = tuple(types)
+
+        if key_path is None:
+            self._key_getter: Getter | None = None
+        elif key_path.startswith("$"):
+            self._key_getter = _path_getter(parsed[key_path], self._needs_object)
+        else:
+            self._key_getter = _metadata_getter(key_path, as_text=False)
+
+    def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
+        """Return ``(row, ordering_key)`` for ``record``.
+
+        ``row`` holds one psycopg-ready value per column, in ``column_names``
+        order (``None`` for SQL NULL). ``ordering_key`` is ``record.key`` when
+        the mapper has no key path; otherwise the value at the key path as
+        bytes (str → UTF-8, int → decimal digits, metadata bytes as is, other
+        JSON → compact JSON), or ``None`` when missing or null.
+
+        Raises :class:`~ingest.errors.InvalidRecord` — and nothing else, for
+        any input — when the record cannot be mapped:
+
+        - stage ``decode``: ``tombstone`` (null value), ``invalid_utf8``,
+          ``invalid_json``;
+        - stage ``map``: ``not_an_object``, ``missing_field``, ``wrong_type``,
+          ``out_of_range``, ``invalid_value``.
+        """
+        value = record.value
+        if value is None:
+            raise InvalidRecord("decode", "tombstone", "record value is null (tombstone)")
+        doc: Any = None
+        if self._needs_json:
+            try:
+                doc = orjson.loads(value)
+            except Exception as exc:  # noqa: BLE001 - JSONDecodeError, or TypeError for a non-bytes value
+                raise _decode_error(value, exc) from None
+            if self._needs_object and type(doc) is not dict:
+                raise InvalidRecord(
+                    "map", "not_an_object", f"record value must be a JSON object, got {_json_kind(doc)}"
+                )
+        name = source = ""
+        try:
+            row = []
+            append = row.append
+            for name, source, get, coerce, default, required in self._plan:
+                raw = get(record, doc)
+                if raw is None:
+                    if required:
+                        raise _Bad("missing_field", "required value is missing or null")
+                    append(default)
+                else:
+                    append(coerce(raw))
+            name = source = ""
+            key_getter = self._key_getter
+            key = record.key if key_getter is None else _render_key(key_getter(record, doc))
+        except _Bad as exc:
+            raise InvalidRecord("map", exc.error_class, _context(name, source) + exc.detail) from None
+        except Exception as exc:  # noqa: BLE001 - defensive: never let a record crash the pipeline
+            raise InvalidRecord(
+                "map", "invalid_value", _context(name, source) + f"unexpected {type(exc).__name__}: {exc}"[:300]
+            ) from None
+        return tuple(row), key
+
+
+def _context(name: str, source: str) -> str:
+    return f"column {name!r} (source {source}): " if name else "ordering key: "
+
+
+def _json_kind(doc: Any) -> str:
+    if isinstance(doc, list):
+        return "an array"
+    if isinstance(doc, str):
+        return "a string"
+    if isinstance(doc, bool):
+        return "a boolean"
+    if doc is None:
+        return "null"
+    return "a number"
+
+
+def _decode_error(value: Any, exc: Exception) -> InvalidRecord:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        try:
+            bytes(value).decode("utf-8")
+        except UnicodeDecodeError as uexc:
+            return InvalidRecord("decode", "invalid_utf8", f"record value is not valid UTF-8: {uexc}"[:300])
+    return InvalidRecord("decode", "invalid_json", f"record value is not valid JSON: {exc}"[:300])

@@ -1,0 +1,107 @@
+"""PostgreSQL DLQ backend: the ``ingest_dlq`` table (DDL in ``sql/dlq_postgres.sql``).
+
+``put`` upserts on (pipeline, topic, partition, offset): a record that is
+dead-lettered again (after a crash before its offset was committed, or by a
+failed replay) keeps one row whose ``attempts`` and ``last_failed_at`` advance
+and whose error fields show the latest failure.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ingest.dlq.base import DlqEntry
+from ingest.errors import TransientError
+from ingest.sinks.pg_errors import classify
+
+_COLUMNS = (
+    "pipeline", "topic", "partition", "offset", "record_timestamp", "key", "value",
+    "headers", "stage", "error_class", "error_message", "sqlstate",
+)
+
+
+def headers_json(headers: Sequence[tuple[str, bytes | None]]) -> str:
+    """Headers as JSON: ``[[name, base64 value or null], ...]`` (bytes kept exactly)."""
+    return orjson.dumps(
+        [[name, None if value is None else base64.b64encode(value).decode()] for name, value in headers]
+    ).decode()
+
+
+def entry_row(entry: DlqEntry) -> tuple[Any, ...]:
+    rec = entry.record
+    ts = (
+        datetime.fromtimestamp(rec.timestamp_ms / 1000, tz=timezone.utc)
+        if rec.timestamp_ms is not None and rec.timestamp_ms >= 0
+        else None
+    )
+    return (
+        entry.pipeline, rec.topic, rec.partition, rec.offset, ts, rec.key, rec.value,
+        headers_json(rec.headers), entry.failure.stage, entry.failure.error_class,
+        entry.failure.message.replace("\x00", "\\0")[:4000], entry.failure.sqlstate,
+    )
+
+
+def upsert_sql(schema: str, table: str) -> sql.Composable:
+    cols = sql.SQL(", ").join(sql.Identifier(c) for c in _COLUMNS)
+    return sql.SQL(
+        "INSERT INTO {t} AS d ({cols}) VALUES ({ph}) "
+        'ON CONFLICT (pipeline, topic, "partition", "offset") DO UPDATE SET '
+        "attempts = d.attempts + 1, last_failed_at = now(), stage = EXCLUDED.stage, "
+        "error_class = EXCLUDED.error_class, error_message = EXCLUDED.error_message, "
+        "sqlstate = EXCLUDED.sqlstate, "
+        "status = CASE WHEN d.status = 'replayed' THEN 'pending' ELSE d.status END"
+    ).format(t=sql.Identifier(schema, table), cols=cols, ph=sql.SQL(", ").join(sql.Placeholder() * len(_COLUMNS)))
+
+
+class PostgresDlq:
+    """Writes DLQ entries into a PostgreSQL table. Thread-safe (pooled connections)."""
+
+    def __init__(self, dsn: str, schema: str, table: str, *, pool_size: int = 2) -> None:
+        self._dsn = dsn
+        self._upsert = upsert_sql(schema, table)
+        self._pool_size = pool_size
+        self._pool: ConnectionPool | None = None
+        self._lock = threading.Lock()
+
+    def _get_pool(self) -> ConnectionPool:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ConnectionPool(
+                    self._dsn, min_size=1, max_size=self._pool_size, open=True,
+                    check=ConnectionPool.check_connection, timeout=30.0, name="dlq",
+                )
+            return self._pool
+
+    def put(self, entries: Sequence[DlqEntry]) -> None:
+        if not entries:
+            return
+        rows = [entry_row(e) for e in entries]
+        try:
+            with self._get_pool().connection() as conn:
+                with conn.transaction(), conn.cursor() as cur:
+                    self.put_in(cur, rows)
+        except PoolTimeout as exc:
+            raise TransientError(f"DLQ database unavailable: {exc}", error_class="pool_timeout") from None
+        except psycopg.Error as exc:
+            # Any DLQ failure is retried: a DLQ that rejects data is a bug to fix, never a reason to drop.
+            err = classify(exc)
+            raise TransientError(f"DLQ write failed: {err}", sqlstate=err.sqlstate, error_class="dlq_unavailable") from exc
+
+    def put_in(self, cur: psycopg.Cursor[Any], rows: list[tuple[Any, ...]]) -> None:
+        """Write prepared rows with an open cursor (inside the caller's transaction)."""
+        cur.executemany(self._upsert, rows)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None

@@ -1,0 +1,70 @@
+"""One exception root, classified by what the caller can do about it.
+
+- :class:`TransientError`: the operation may succeed if retried unchanged
+  (connection lost, server restarting, deadlock, too many connections).
+  Retried with backoff; never a reason to dead-letter data.
+- :class:`PermanentError`: retrying the same input fails the same way (data
+  or constraint error). A batch failing this way is split to find the rows
+  that fail alone; those go to the DLQ.
+- :class:`InvalidRecord`: a record that cannot be decoded or mapped. Never
+  reaches the database; goes to the DLQ with ``stage`` decode or map.
+- :class:`ConfigError`: bad configuration (CLI exit code 2).
+- :class:`ServiceUnreachable`: a broker or database named in the config does
+  not answer (CLI exit code 3).
+- :class:`FatalPipelineError`: the pipeline must stop (retries exhausted,
+  DLQ guard tripped); nothing past the last handled record is committed.
+
+Errors carry structured fields (``sqlstate``, ``partition``, ``offset``) and
+their messages never contain secrets: adapters build messages from the
+driver's diagnostic text, never from DSNs.
+"""
+
+from __future__ import annotations
+
+
+class IngestError(Exception):
+    """Root of every error raised by ingest."""
+
+
+class TransientError(IngestError):
+    """Retryable failure of an external service."""
+
+    def __init__(self, message: str, *, sqlstate: str | None = None, error_class: str = "transient") -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+        self.error_class = error_class
+
+
+class PermanentError(IngestError):
+    """Failure caused by the data itself; the same input fails the same way."""
+
+    def __init__(self, message: str, *, sqlstate: str | None = None, error_class: str = "data_error") -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+        self.error_class = error_class
+
+
+class InvalidRecord(IngestError):
+    """A record that cannot be decoded (``stage='decode'``) or mapped (``stage='map'``)."""
+
+    def __init__(self, stage: str, error_class: str, message: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.error_class = error_class
+        self.message = message
+
+
+class ConfigError(IngestError):
+    """Invalid configuration. The message names the file and the field path."""
+
+
+class ServiceUnreachable(IngestError):
+    """A broker or database named in the config could not be reached."""
+
+    def __init__(self, service: str, message: str) -> None:
+        super().__init__(f"{service}: {message}")
+        self.service = service
+
+
+class FatalPipelineError(IngestError):
+    """The pipeline cannot continue; the process exits non-zero."""

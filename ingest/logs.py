@@ -1,0 +1,58 @@
+"""Structured logging: one event per line, JSON when stderr is not a TTY.
+
+Modules log with the standard library (``log.info("event", extra={...})``);
+this module only installs the formatter. Fields passed in ``extra`` (pipeline,
+partition, offset, lane, error, ...) become JSON keys. Nothing here knows any
+secret: adapters never put DSNs or credentials into log records.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import orjson
+
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()) | {"message", "asctime", "taskName"}
+
+
+def _fields(record: logging.LogRecord) -> dict[str, object]:
+    return {k: v for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        event: dict[str, object] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+            **_fields(record),
+        }
+        if record.exc_info:
+            event["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(event, default=str).decode()
+
+
+class ConsoleFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        extra = " ".join(f"{k}={v}" for k, v in _fields(record).items())
+        line = f"{stamp} {record.levelname:<7} {record.getMessage()}" + (f"  {extra}" if extra else "")
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def setup_logging(level: str = "info", *, json_output: bool | None = None) -> None:
+    """Install the root handler on stderr. ``json_output=None`` picks JSON unless stderr is a TTY."""
+    if json_output is None:
+        json_output = not sys.stderr.isatty()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if json_output else ConsoleFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # librdkafka chatter and pool internals only at warning and above.
+    logging.getLogger("psycopg.pool").setLevel(max(logging.WARNING, root.level))

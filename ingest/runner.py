@@ -1,0 +1,394 @@
+"""The pipeline loop: consume → map → route to lanes → write → commit watermarks.
+
+Threads and ownership
+---------------------
+One *pipeline thread* owns the Kafka consumer, the mapper, the per-lane ring
+batchers and the offset tracker; nothing else touches them, so none of them
+needs a lock. Each of the pipeline's ``lanes`` is a worker thread with its own
+FIFO inbox: it writes its batches strictly in order (one key always hashes to
+the same lane, so one key is always written in order) and reports a
+:class:`~ingest.writer.Completion` back through a queue. Writes wait on the
+database with the GIL released, so lanes overlap with decoding and mapping.
+
+Ordering that must hold (and does, by construction)
+---------------------------------------------------
+``track(offset)`` when consumed → batch written (transient errors retried) →
+poison rows durably in the DLQ → completion → ``done(offset)`` → the commit of
+the contiguous watermark, on a timer (``commit_interval_ms``), synchronously,
+from the pipeline thread. An offset is never committed before every record
+below it is in the sink or the DLQ.
+
+Backpressure
+------------
+Records between ``track`` and ``done`` are *in flight*. When more than
+``max_buffered_records`` / ``max_buffered_bytes`` are in flight the consumer
+pauses every assigned partition and keeps polling (so it stays in its group);
+it resumes below 80 % of both bounds. Memory is bounded by those limits plus
+one ``consume`` batch and librdkafka's prefetch (``queued.max.messages.kbytes``).
+
+Rebalance
+---------
+On revoke: every batcher is flushed, the pipeline waits (bounded by
+``shutdown_timeout_s``) until the revoked partitions have nothing in flight,
+commits their watermarks synchronously, then drops their tracker state. On
+assign: a fresh tracker epoch per partition; completions stamped with an older
+epoch are ignored. Works for eager and cooperative assignors.
+
+Shutdown
+--------
+``stop`` (first SIGTERM/SIGINT): stop fetching, flush every batcher, wait for
+the lanes (bounded by ``shutdown_timeout_s``), final synchronous commit, close
+the consumer. ``abort`` (second signal, or the timeout): stop waiting, commit
+only what is already done, close.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ingest.config import PipelineSettings
+from ingest.core.batcher import FlushReason, RingBatcher
+from ingest.core.dlq_guard import DlqGuard
+from ingest.core.mapping import Mapper
+from ingest.core.offsets import OffsetTracker
+from ingest.core.routing import LaneRouter
+from ingest.errors import FatalPipelineError, InvalidRecord, TransientError
+from ingest.sources.kafka import KafkaSource
+from ingest.types import Failure, Item, Partition, Record
+from ingest.writer import BatchWriter, Completion
+
+log = logging.getLogger(__name__)
+
+_RESUME_FRACTION = 0.8
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+@dataclass
+class PipelineStats:
+    """Counters of one pipeline run (owned by the pipeline thread)."""
+
+    records_consumed: int = 0
+    rows_written: int = 0
+    dead_lettered: Counter[tuple[str, str]] = field(default_factory=Counter)
+    skipped: int = 0
+    batches: int = 0
+    flushes: Counter[str] = field(default_factory=Counter)
+    retries: int = 0
+    write_calls: int = 0
+    commits: int = 0
+    paused_s: float = 0.0
+    started_s: float = field(default_factory=time.monotonic)
+    finished_s: float | None = None
+
+    @property
+    def dead_lettered_total(self) -> int:
+        return sum(self.dead_lettered.values())
+
+    def rate_per_s(self) -> float:
+        elapsed = (self.finished_s or time.monotonic()) - self.started_s
+        return self.records_consumed / elapsed if elapsed > 0 else 0.0
+
+
+class Lane(threading.Thread):
+    """A worker that writes its batches in FIFO order and reports completions."""
+
+    def __init__(self, index: int, pipeline: str, writer: BatchWriter, completions: queue.SimpleQueue[Completion]) -> None:
+        super().__init__(name=f"{pipeline}-lane-{index}", daemon=True)
+        self.index = index
+        self._writer = writer
+        self._completions = completions
+        self.inbox: queue.SimpleQueue[tuple[list[Item], str] | None] = queue.SimpleQueue()
+
+    def run(self) -> None:
+        while True:
+            job = self.inbox.get()
+            if job is None:
+                return
+            items, reason = job
+            self._completions.put(self._writer.handle(self.index, items, reason))
+
+
+SourceFactory = Callable[..., KafkaSource]
+
+
+class Pipeline:
+    """Runs one pipeline until stopped. Construct in the composition root (cli)."""
+
+    def __init__(
+        self,
+        settings: PipelineSettings,
+        *,
+        source_factory: SourceFactory,
+        writer: BatchWriter,
+        stop: threading.Event,
+        abort: threading.Event,
+        consume_batch_size: int = 5000,
+        poll_timeout_ms: int = 100,
+        until_idle_s: float | None = None,
+        on_progress: Callable[[PipelineStats], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.stats = PipelineStats()
+        self._source_factory = source_factory
+        self._writer = writer
+        self._stop = stop
+        self._abort = abort
+        self._consume_batch_size = consume_batch_size
+        self._poll_timeout_s = poll_timeout_ms / 1000
+        self._until_idle_ms = None if until_idle_s is None else int(until_idle_s * 1000)
+        self._on_progress = on_progress
+
+        self._mapper = Mapper(settings.sink.columns, settings.key)
+        self._router = LaneRouter(settings.lanes, settings.unkeyed)
+        batch = settings.batch
+        self._batchers: list[RingBatcher[Item]] = [
+            RingBatcher(batch.max_rows, batch.max_bytes, batch.max_latency_ms) for _ in range(settings.lanes)
+        ]
+        self._tracker: OffsetTracker[Partition] = OffsetTracker()
+        self._completions: queue.SimpleQueue[Completion] = queue.SimpleQueue()
+        self._lanes = [Lane(i, settings.name, writer, self._completions) for i in range(settings.lanes)]
+        self._guard = DlqGuard(settings.dlq.max_ratio, settings.dlq.max_consecutive, settings.dlq.window)
+
+        self._source: KafkaSource | None = None
+        self._in_flight_records = 0
+        self._in_flight_bytes = 0
+        self._paused = False
+        self._paused_since_s = 0.0
+        self._last_commit_ms = 0
+        self._last_activity_ms = 0
+        self._assigned_once = False
+        self._closing = False
+        self._fatal: BaseException | None = None
+
+    # -- rebalance callbacks (run inside source.poll on this thread) ---------------
+    def _on_assign(self, partitions: list[Partition]) -> dict[Partition, int] | None:
+        for tp in partitions:
+            self._tracker.assign(tp)
+        self._assigned_once = True
+        self._last_activity_ms = monotonic_ms()
+        log.info("partitions assigned", extra={"pipeline": self.settings.name, "partitions": [str(p) for p in partitions]})
+        return None
+
+    def _on_revoke(self, partitions: list[Partition]) -> None:
+        log.info("partitions revoked", extra={"pipeline": self.settings.name, "partitions": [str(p) for p in partitions]})
+        if not self._closing:
+            self._flush_all(FlushReason.REVOKE)
+            self._wait_for(lambda: all(self._tracker.in_flight(tp) == 0 for tp in partitions if tp in self._tracker.partitions()))
+        self._commit(only=set(partitions))
+        for tp in partitions:
+            self._tracker.revoke(tp)
+
+    def _on_lost(self, partitions: list[Partition]) -> None:
+        log.warning("partitions lost", extra={"pipeline": self.settings.name, "partitions": [str(p) for p in partitions]})
+        for tp in partitions:
+            self._tracker.revoke(tp)
+
+    # -- main loop -------------------------------------------------------------------
+    def run(self) -> PipelineStats:
+        """Consume until stopped, idle (``until_idle_s``) or failed.
+
+        Raises FatalPipelineError when the pipeline cannot continue (retries
+        exhausted, DLQ guard tripped); offsets of unhandled records are never
+        committed in that case.
+        """
+        for lane in self._lanes:
+            lane.start()
+        self._source = self._source_factory(
+            on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
+        try:
+            while not self._stop.is_set() and self._fatal is None:
+                self._drain_completions()
+                if self._fatal is not None:
+                    break
+                self._apply_backpressure()
+                records = self._source.poll(self._consume_batch_size, self._poll_timeout_s)
+                now_ms = monotonic_ms()
+                if records:
+                    self._last_activity_ms = now_ms
+                    self._accept(records, now_ms)
+                self._flush_due(now_ms)
+                if now_ms - self._last_commit_ms >= self.settings.commit_interval_ms:
+                    self._drain_completions()
+                    self._commit()
+                    self._last_commit_ms = now_ms
+                    if self._on_progress is not None:
+                        self._on_progress(self.stats)
+                if self._idle(now_ms):
+                    log.info("idle, stopping", extra={"pipeline": self.settings.name})
+                    break
+        except TransientError as exc:
+            self._fatal = FatalPipelineError(f"pipeline {self.settings.name!r}: {exc}")
+        finally:
+            self._shutdown()
+        if self._fatal is not None:
+            raise self._fatal if isinstance(self._fatal, FatalPipelineError) else FatalPipelineError(str(self._fatal))
+        return self.stats
+
+    def _accept(self, records: list[Record], now_ms: int) -> None:
+        tracker = self._tracker
+        mapper = self._mapper
+        router = self._router
+        batchers = self._batchers
+        skip_tombstones = self.settings.tombstones == "skip"
+        self.stats.records_consumed += len(records)
+        for rec in records:
+            tp = Partition(rec.topic, rec.partition)
+            epoch = tracker.epoch(tp)
+            if epoch is None:
+                continue  # not assigned any more (revoked during this poll)
+            try:
+                tracker.track(tp, rec.offset)
+            except ValueError:
+                log.warning("offset went backwards; ignoring redelivery", extra={"partition": str(tp), "offset": rec.offset})
+                continue
+            if rec.value is None and skip_tombstones:
+                tracker.done(tp, rec.offset, epoch)
+                self.stats.skipped += 1
+                continue
+            size = rec.size_bytes + 64
+            try:
+                row, key = mapper.map(rec)
+                item = Item(rec, row, None, epoch, size)
+            except InvalidRecord as exc:
+                item = Item(rec, None, Failure(exc.stage, exc.error_class, exc.message), epoch, size)
+                key = rec.key
+            lane = router.lane(key)
+            batcher = batchers[lane]
+            if not batcher.fits(size):
+                self._dispatch(lane, FlushReason.SIZE if len(batcher) >= self.settings.batch.max_rows else FlushReason.BYTES)
+            self._in_flight_records += 1
+            self._in_flight_bytes += size
+            reason = batcher.add(item, size, now_ms)
+            if reason is not None:
+                self._dispatch(lane, reason)
+
+    def _dispatch(self, lane: int, reason: FlushReason) -> None:
+        items = self._batchers[lane].drain()
+        if items:
+            self.stats.flushes[reason.value] += 1
+            self._lanes[lane].inbox.put((items, reason.value))
+
+    def _flush_due(self, now_ms: int) -> None:
+        for lane, batcher in enumerate(self._batchers):
+            reason = batcher.due(now_ms)
+            if reason is not None:
+                self._dispatch(lane, reason)
+
+    def _flush_all(self, reason: FlushReason) -> None:
+        for lane in range(len(self._batchers)):
+            self._dispatch(lane, reason)
+
+    def _drain_completions(self, timeout_s: float | None = None) -> bool:
+        """Apply finished batches to the tracker. Returns True if any arrived."""
+        got = False
+        while True:
+            try:
+                c = self._completions.get(timeout=timeout_s) if (timeout_s and not got) else self._completions.get_nowait()
+            except queue.Empty:
+                return got
+            got = True
+            self._apply(c)
+
+    def _apply(self, c: Completion) -> None:
+        self._in_flight_records -= c.records
+        self._in_flight_bytes -= c.size_bytes
+        if c.error is not None:
+            if self._fatal is None:
+                self._fatal = c.error
+            log.error("batch failed", extra={"pipeline": self.settings.name, "lane": c.lane, "error": str(c.error)})
+            return
+        stats = self.stats
+        stats.batches += 1
+        stats.rows_written += c.rows_written
+        stats.dead_lettered.update(c.dead_lettered)
+        stats.retries += c.retries
+        stats.write_calls += c.write_calls
+        trip = self._guard.observe(c.records, sum(c.dead_lettered.values()))
+        for (tp, epoch), offsets in c.done.items():
+            self._tracker.done_many(tp, offsets, epoch)
+        if trip and self._fatal is None:
+            # The batch itself is handled (in the sink or DLQ) and may be committed.
+            self._fatal = FatalPipelineError(f"pipeline {self.settings.name!r}: DLQ guard tripped: {trip}")
+
+    def _wait_for(self, condition: Callable[[], bool]) -> bool:
+        """Apply completions until ``condition`` holds, abort, or shutdown_timeout_s passes."""
+        deadline = time.monotonic() + self.settings.shutdown_timeout_s
+        while not condition():
+            if self._abort.is_set() or time.monotonic() >= deadline:
+                return False
+            self._drain_completions(timeout_s=0.05)
+        return True
+
+    def _apply_backpressure(self) -> None:
+        assert self._source is not None
+        s = self.settings
+        over = self._in_flight_records >= s.max_buffered_records or self._in_flight_bytes >= s.max_buffered_bytes
+        if over and not self._paused:
+            self._paused = True
+            self._paused_since_s = time.monotonic()
+            log.info("backpressure: pausing", extra={"pipeline": s.name, "in_flight": self._in_flight_records})
+        if self._paused:
+            # Re-pause every poll: partitions assigned while paused must not start flowing.
+            self._source.pause(self._source.assignment())
+            below = (
+                self._in_flight_records < s.max_buffered_records * _RESUME_FRACTION
+                and self._in_flight_bytes < s.max_buffered_bytes * _RESUME_FRACTION
+            )
+            if below:
+                self._paused = False
+                self.stats.paused_s += time.monotonic() - self._paused_since_s
+                self._source.resume(self._source.assignment())
+
+    def _commit(self, only: set[Partition] | None = None) -> None:
+        assert self._source is not None
+        candidates = self._tracker.commit_candidates()
+        if only is not None:
+            candidates = {tp: off for tp, off in candidates.items() if tp in only}
+        if not candidates:
+            return
+        try:
+            self._source.commit(candidates)
+        except TransientError as exc:
+            log.warning("commit failed; will retry", extra={"pipeline": self.settings.name, "error": str(exc)})
+            return
+        self.stats.commits += 1
+        for tp, off in candidates.items():
+            self._tracker.mark_committed(tp, off)
+
+    def _idle(self, now_ms: int) -> bool:
+        if self._until_idle_ms is None or not self._assigned_once:
+            return False
+        if self._in_flight_records > 0:
+            return False
+        return now_ms - self._last_activity_ms >= self._until_idle_ms
+
+    def _shutdown(self) -> None:
+        assert self._source is not None
+        self._closing = True
+        if not self._abort.is_set() and self._fatal is None:
+            self._flush_all(FlushReason.SHUTDOWN)
+            if not self._wait_for(lambda: self._in_flight_records == 0):
+                log.error("shutdown timeout: records still in flight are not committed",
+                          extra={"pipeline": self.settings.name, "in_flight": self._in_flight_records})
+        else:
+            self._drain_completions()
+        self._commit()
+        for lane in self._lanes:
+            lane.inbox.put(None)
+        if not self._abort.is_set():
+            for lane in self._lanes:
+                lane.join(timeout=max(0.1, self.settings.shutdown_timeout_s))
+        self._source.close()
+        self.stats.finished_s = time.monotonic()
+        if self._paused:
+            self.stats.paused_s += time.monotonic() - self._paused_since_s

@@ -1,0 +1,202 @@
+"""PostgreSQL sink: one transaction per batch, idempotent multi-row upsert.
+
+Write path (``write_method: copy``, the default) -- chosen by measurement
+(``bench/``; see README): COPY the batch into a session-local temporary
+staging table, then one ``INSERT INTO t (...) SELECT ... FROM stage ON CONFLICT
+(key) DO UPDATE SET ...`` and COMMIT. The staging table is ``ON COMMIT DELETE
+ROWS`` and is created once per connection. ``write_method: values`` sends a
+multi-row ``INSERT ... VALUES`` instead (for poolers that forbid temp tables).
+
+Idempotency: rows are deduplicated by conflict key *before* they get here
+(PostgreSQL refuses to update one row twice in one statement), and the upsert
+makes a replayed batch a no-op. With ``version_column`` an update applies only
+when the incoming version is not older than the stored one, so a stale
+writer (e.g. a lane finishing after its partition moved) cannot overwrite a
+newer value.
+
+Every SQL name comes from config and is composed with
+:class:`psycopg.sql.Identifier`; column types are the normalised forms
+returned by :func:`ingest.config.pg_base_type` (letters, digits, spaces and a
+numeric modifier only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ingest.config import PostgresSink as PostgresSinkSettings
+from ingest.config import pg_base_type
+from ingest.errors import PermanentError, ServiceUnreachable, TransientError
+from ingest.sinks.pg_errors import classify
+
+#: Called inside the batch transaction after the rows are written (exactly-once
+#: offset storage, DLQ rows joining the transaction).
+TxHook = Callable[[psycopg.Connection[Any]], None]
+
+
+def table_ident(schema: str, table: str) -> sql.Composable:
+    return sql.Identifier(schema, table)
+
+
+def stage_name(schema: str, table: str) -> str:
+    """A stable temp-table name per target table (identifier-safe, <= 63 bytes)."""
+    digest = hashlib.sha1(f"{schema}.{table}".encode()).hexdigest()[:16]
+    return f"ingest_stage_{digest}"
+
+
+def check_dsn(dsn: str, what: str) -> None:
+    """Connect to ``dsn`` and run ``SELECT 1``; raise ServiceUnreachable naming ``what`` (never the DSN)."""
+    try:
+        with psycopg.connect(dsn, connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        raise ServiceUnreachable(what, str(classify(exc))) from None
+
+
+class UpsertStatements:
+    """SQL for one target table, composed once."""
+
+    def __init__(self, cfg: PostgresSinkSettings) -> None:
+        self.columns = list(cfg.columns)
+        target = table_ident(cfg.db_schema, cfg.table)
+        cols = sql.SQL(", ").join(sql.Identifier(c) for c in self.columns)
+        stage = sql.Identifier(stage_name(cfg.db_schema, cfg.table))
+        col_defs = sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(pg_base_type(spec.type)[1]))
+            for c, spec in cfg.columns.items()
+        )
+        self.create_stage = sql.SQL(
+            "CREATE TEMP TABLE IF NOT EXISTS {stage} ({defs}) ON COMMIT DELETE ROWS"
+        ).format(stage=stage, defs=col_defs)
+        self.copy_stage = sql.SQL("COPY {stage} ({cols}) FROM STDIN").format(stage=stage, cols=cols)
+        conflict = self._conflict_clause(cfg, target)
+        self.insert_from_stage = sql.SQL("INSERT INTO {t} AS t ({cols}) SELECT {cols} FROM {stage}{conflict}").format(
+            t=target, cols=cols, stage=stage, conflict=conflict
+        )
+        self._insert_values_head = sql.SQL("INSERT INTO {t} AS t ({cols}) VALUES ").format(t=target, cols=cols)
+        self._conflict = conflict
+        self._row_placeholder = sql.SQL("({})").format(sql.SQL(", ").join(sql.Placeholder() * len(self.columns)))
+
+    @staticmethod
+    def _conflict_clause(cfg: PostgresSinkSettings, target: sql.Composable) -> sql.Composable:
+        if cfg.on_conflict == "none":
+            return sql.SQL("")
+        keys = sql.SQL(", ").join(sql.Identifier(k) for k in cfg.conflict_key)
+        if cfg.on_conflict == "nothing":
+            return sql.SQL(" ON CONFLICT ({keys}) DO NOTHING").format(keys=keys)
+        updates = [c for c in cfg.columns if c not in cfg.conflict_key]
+        if not updates:
+            return sql.SQL(" ON CONFLICT ({keys}) DO NOTHING").format(keys=keys)
+        assignments = sql.SQL(", ").join(
+            sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) for c in updates
+        )
+        clause = sql.SQL(" ON CONFLICT ({keys}) DO UPDATE SET {set}").format(keys=keys, set=assignments)
+        if cfg.version_column:
+            v = sql.Identifier(cfg.version_column)
+            clause = sql.SQL("{clause} WHERE t.{v} IS NULL OR EXCLUDED.{v} >= t.{v}").format(clause=clause, v=v)
+        return clause
+
+    def insert_values(self, n_rows: int) -> sql.Composable:
+        return sql.Composed(
+            [self._insert_values_head, sql.SQL(", ").join([self._row_placeholder] * n_rows), self._conflict]
+        )
+
+
+class PostgresSink:
+    """Writes batches into one table. Thread-safe: each ``write`` borrows a pooled connection.
+
+    Owns its connection pool (created lazily on first use, closed by ``close``).
+    """
+
+    def __init__(self, cfg: PostgresSinkSettings, *, pool_size: int, name: str = "sink") -> None:
+        self._cfg = cfg
+        self._sql = UpsertStatements(cfg)
+        self._pool_size = max(1, cfg.pool_size or pool_size)
+        self._name = name
+        self._pool: ConnectionPool | None = None
+        self._lock = threading.Lock()
+        #: statements sent per write, for tests and metrics (round trips that carry rows)
+        self.statements = 0
+
+    # -- connection management -------------------------------------------------
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        conn.autocommit = True
+        conn.execute(
+            sql.SQL("SET statement_timeout = {}").format(sql.Literal(int(self._cfg.statement_timeout_ms)))
+        )
+        if self._cfg.write_method == "copy":
+            conn.execute(self._sql.create_stage)
+
+    def _get_pool(self) -> ConnectionPool:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ConnectionPool(
+                    self._cfg.dsn.get_secret_value(),
+                    min_size=1,
+                    max_size=self._pool_size,
+                    configure=self._configure,
+                    check=ConnectionPool.check_connection,
+                    open=True,
+                    timeout=30.0,
+                    reconnect_timeout=5.0,
+                    name=self._name,
+                )
+            return self._pool
+
+    def check(self) -> None:
+        """Connect and run ``SELECT 1``. Raises ServiceUnreachable (message without the password)."""
+        check_dsn(self._cfg.dsn.get_secret_value(), f"postgres sink {self._cfg.table!r}")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+    # -- writing ----------------------------------------------------------------
+    def write(self, rows: Sequence[tuple[Any, ...]], tx_hook: TxHook | None = None) -> None:
+        """Write ``rows`` (deduplicated) in one transaction; see :class:`ingest.sinks.base.Sink`.
+
+        ``tx_hook`` runs inside the same transaction after the rows (used for
+        exactly-once offset storage). Raises TransientError / PermanentError only.
+        """
+        if not rows and tx_hook is None:
+            return
+        try:
+            with self._get_pool().connection() as conn:
+                with conn.transaction():
+                    if rows:
+                        self._write_rows(conn, rows)
+                    if tx_hook is not None:
+                        tx_hook(conn)
+        except PoolTimeout as exc:
+            raise TransientError(f"no database connection available: {exc}", error_class="pool_timeout") from None
+        except (TransientError, PermanentError):
+            raise
+        except psycopg.Error as exc:
+            raise classify(exc) from exc
+        except (OSError, TimeoutError) as exc:
+            raise classify(exc) from exc
+        except (ValueError, TypeError, OverflowError) as exc:
+            # A value psycopg could not adapt: the row itself is at fault.
+            raise PermanentError(f"cannot send value: {exc}", error_class="client_data_error") from exc
+
+    def _write_rows(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
+        with conn.cursor() as cur:
+            if self._cfg.write_method == "copy":
+                with cur.copy(self._sql.copy_stage) as copy:
+                    for row in rows:
+                        copy.write_row(row)
+                cur.execute(self._sql.insert_from_stage)
+                self.statements += 2
+            else:
+                params = [v for row in rows for v in row]
+                cur.execute(self._sql.insert_values(len(rows)), params)
+                self.statements += 1

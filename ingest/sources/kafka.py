@@ -1,0 +1,178 @@
+"""confluent-kafka consumer adapter.
+
+Translates librdkafka's world (Message, TopicPartition, KafkaError) into ours
+(:class:`~ingest.types.Record`, :class:`~ingest.types.Partition`) and nothing
+more: no batching, no commit policy. Owned by one pipeline thread; not
+thread-safe (confluent-kafka consumers must be driven by one thread).
+
+Settings we impose (a passthrough key in ``kafka.client`` may override the
+tunables but not the three safety settings):
+
+- ``enable.auto.commit = false`` and ``enable.auto.offset.store = false``:
+  only the pipeline commits, and only watermarks of handled records;
+- ``enable.partition.eof = false``.
+
+Rebalance callbacks run inside :meth:`KafkaSource.poll` on the calling thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
+
+from ingest.config import KafkaSettings
+from ingest.errors import ServiceUnreachable, TransientError
+from ingest.types import Partition, Record
+
+log = logging.getLogger(__name__)
+
+PartitionsCallback = Callable[[list[Partition]], None]
+#: Called on assignment with the partitions; may return {partition: offset} to seek to.
+AssignCallback = Callable[[list[Partition]], dict[Partition, int] | None]
+
+_SAFETY = {"enable.auto.commit": False, "enable.auto.offset.store": False, "enable.partition.eof": False}
+_DEFAULTS: dict[str, Any] = {
+    "auto.offset.reset": "earliest",
+    "queued.max.messages.kbytes": 32768,
+    "session.timeout.ms": 45000,
+    "max.poll.interval.ms": 300000,
+}
+
+
+def consumer_config(kafka: KafkaSettings, group_id: str) -> dict[str, Any]:
+    """librdkafka configuration for a pipeline's consumer (contains secrets: never log it)."""
+    return {**_DEFAULTS, **kafka.client_config(), "group.id": group_id, **_SAFETY}
+
+
+def _tp(p: TopicPartition) -> Partition:
+    return Partition(p.topic, p.partition)
+
+
+class KafkaSource:
+    """A subscribed consumer. ``on_assign`` / ``on_revoke`` / ``on_lost`` run inside ``poll``."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        group_id: str,
+        topics: list[str],
+        *,
+        on_assign: AssignCallback,
+        on_revoke: PartitionsCallback,
+        on_lost: PartitionsCallback,
+    ) -> None:
+        self._on_assign = on_assign
+        self._on_revoke = on_revoke
+        self._on_lost = on_lost
+        self._consumer = Consumer(consumer_config(kafka, group_id), logger=log)
+        self._cooperative = "cooperative" in str(kafka.client.get("partition.assignment.strategy", ""))
+        self._consumer.subscribe(
+            topics, on_assign=self._assign_cb, on_revoke=self._revoke_cb, on_lost=self._lost_cb
+        )
+        self._closed = False
+
+    # -- rebalance -------------------------------------------------------------
+    def _assign_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        seek_to = self._on_assign([_tp(p) for p in partitions]) or {}
+        if seek_to:
+            for p in partitions:
+                target = seek_to.get(_tp(p))
+                if target is not None:
+                    p.offset = target
+            if self._cooperative:
+                consumer.incremental_assign(partitions)
+            else:
+                consumer.assign(partitions)
+
+    def _revoke_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._on_revoke([_tp(p) for p in partitions])
+
+    def _lost_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._on_lost([_tp(p) for p in partitions])
+
+    # -- consuming -------------------------------------------------------------
+    def poll(self, max_records: int, timeout_s: float) -> list[Record]:
+        """Fetch up to ``max_records`` records, waiting at most ``timeout_s``.
+
+        Runs rebalance callbacks. Per-partition errors are logged and skipped;
+        a fatal client error raises TransientError (the process should restart).
+        """
+        messages = self._consumer.consume(num_messages=max_records, timeout=timeout_s)
+        records: list[Record] = []
+        append = records.append
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.fatal():
+                    raise TransientError(f"kafka consumer fatal error: {err.str()}", error_class="kafka_fatal")
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("kafka consumer error: %s", err.str())
+                continue
+            _, ts = msg.timestamp()
+            headers = msg.headers()
+            append(
+                Record(
+                    msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                    ts if ts >= 0 else None, tuple(headers) if headers else (),
+                )
+            )
+        return records
+
+    def assignment(self) -> list[Partition]:
+        return [_tp(p) for p in self._consumer.assignment()]
+
+    def pause(self, partitions: Iterable[Partition]) -> None:
+        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        if tps:
+            self._consumer.pause(tps)
+
+    def resume(self, partitions: Iterable[Partition]) -> None:
+        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        if tps:
+            self._consumer.resume(tps)
+
+    def commit(self, offsets: dict[Partition, int]) -> None:
+        """Synchronously commit watermarks (next offsets to read). Raises TransientError on failure."""
+        if not offsets:
+            return
+        tps = [TopicPartition(p.topic, p.partition, off) for p, off in offsets.items()]
+        try:
+            result = self._consumer.commit(offsets=tps, asynchronous=False)
+        except KafkaException as exc:
+            raise TransientError(f"offset commit failed: {exc.args[0].str()}", error_class="commit") from None
+        for tp in result or []:
+            if tp.error is not None:
+                raise TransientError(f"offset commit failed for {_tp(tp)}: {tp.error.str()}", error_class="commit")
+
+    def committed(self, partitions: Iterable[Partition], timeout_s: float = 10.0) -> dict[Partition, int | None]:
+        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        result = self._consumer.committed(tps, timeout=timeout_s)
+        return {_tp(tp): (tp.offset if tp.offset != OFFSET_INVALID and tp.offset >= 0 else None) for tp in result}
+
+    def watermarks(self, partition: Partition, timeout_s: float = 5.0) -> tuple[int, int]:
+        low, high = self._consumer.get_watermark_offsets(
+            TopicPartition(partition.topic, partition.partition), timeout=timeout_s, cached=False
+        )
+        return low, high
+
+    def close(self) -> None:
+        """Leave the group (runs revoke callbacks). Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._consumer.close()
+
+
+def check_broker(kafka: KafkaSettings, timeout_s: float = 5.0) -> None:
+    """List topics once. Raises ServiceUnreachable naming the bootstrap servers (never the credentials)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({**kafka.client_config(), "socket.timeout.ms": int(timeout_s * 1000)})
+    try:
+        admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        err = exc.args[0]
+        msg = err.str() if hasattr(err, "str") else str(err)
+        raise ServiceUnreachable(f"kafka {kafka.bootstrap_servers}", msg) from None

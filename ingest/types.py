@@ -1,0 +1,84 @@
+"""Values that flow through a pipeline.
+
+Vocabulary used everywhere in this package:
+
+- *offset* of a record: its position in the partition log.
+- *next offset* / *watermark*: the offset of the next record to read, which is
+  what Kafka commits. A committed watermark ``w`` means every record with
+  offset ``< w`` is durably in the sink or in the DLQ.
+- *epoch*: a counter bumped each time a partition is (re)assigned to this
+  consumer, so completions from an earlier assignment are recognised as stale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+class Partition(NamedTuple):
+    """A topic partition. Hashable, cheap, usable as a dict key."""
+
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}]"
+
+
+Headers = tuple[tuple[str, bytes | None], ...]
+
+
+@dataclass(slots=True, frozen=True)
+class Record:
+    """One consumed Kafka message, exactly as the broker delivered it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None
+    headers: Headers = ()
+
+    @property
+    def tp(self) -> Partition:
+        return Partition(self.topic, self.partition)
+
+    @property
+    def size_bytes(self) -> int:
+        """Approximate in-memory payload size: key + value + header bytes."""
+        size = len(self.key or b"") + len(self.value or b"")
+        for name, val in self.headers:
+            size += len(name) + len(val or b"")
+        return size
+
+
+@dataclass(slots=True, frozen=True)
+class Failure:
+    """Why a record could not be written. Travels with the record to the DLQ.
+
+    ``stage`` is where it failed: ``decode`` (bytes are not valid JSON /
+    UTF-8), ``map`` (valid JSON that does not fit the columns) or ``write``
+    (the database rejected the row on its own).
+    """
+
+    stage: str
+    error_class: str
+    message: str
+    sqlstate: str | None = None
+
+
+@dataclass(slots=True)
+class Item:
+    """A record on its way through a lane: its mapped row, or why it has none.
+
+    Exactly one of ``row`` and ``failure`` is set. ``epoch`` is the assignment
+    epoch of the record's partition when it was consumed.
+    """
+
+    record: Record
+    row: tuple[Any, ...] | None
+    failure: Failure | None
+    epoch: int
+    size_bytes: int

@@ -1,0 +1,190 @@
+"""The batch writer: what a lane does with one flushed batch.
+
+For a batch of :class:`~ingest.types.Item`:
+
+1. items that already failed (decode / map) are set aside for the DLQ;
+2. the rest are collapsed by conflict key, the latest consumed record winning
+   (PostgreSQL refuses to update one row twice in one statement, and only the
+   last value matters for an upsert);
+3. the rows are written with :func:`ingest.core.isolation.write_isolating`,
+   each sink call retried on transient errors with exponential backoff and
+   full jitter (tenacity); rows that fail alone become ``write`` failures;
+4. every failure goes to the DLQ, retried the same way, and only when the DLQ
+   write returned (durable) does the batch count as done;
+5. a :class:`Completion` lists every (partition, epoch, offset) handled.
+
+If retries run out (or the pipeline is aborting) the completion carries the
+error and no offsets: nothing of that batch will be committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, stop_never, wait_random_exponential
+
+from ingest.config import RetrySettings
+from ingest.core.isolation import write_isolating
+from ingest.dlq.base import DeadLetterQueue, DlqEntry
+from ingest.errors import FatalPipelineError, PermanentError, TransientError
+from ingest.types import Failure, Item, Partition
+
+log = logging.getLogger(__name__)
+
+#: A sink write: rows in one transaction (see ingest.sinks.base.Sink.write).
+WriteFn = Callable[[Sequence[tuple[Any, ...]]], None]
+
+
+@dataclass(slots=True)
+class Completion:
+    """The outcome of one batch, reported by a lane to its pipeline thread."""
+
+    lane: int
+    reason: str
+    #: offsets handled (written or durably dead-lettered), by (partition, epoch)
+    done: dict[tuple[Partition, int], list[int]] = field(default_factory=dict)
+    records: int = 0
+    size_bytes: int = 0
+    rows_written: int = 0
+    dead_lettered: Counter[tuple[str, str]] = field(default_factory=Counter)
+    retries: int = 0
+    write_calls: int = 0
+    duration_s: float = 0.0
+    #: oldest record timestamp (ms) in the batch, for end-to-end latency
+    min_timestamp_ms: int | None = None
+    error: BaseException | None = None
+
+
+class BatchWriter:
+    """Writes batches for one pipeline. Thread-safe: lanes share it, each call is independent."""
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        write: WriteFn,
+        dlq: DeadLetterQueue,
+        retry: RetrySettings,
+        conflict_key_index: Sequence[int] | None,
+        abort: threading.Event,
+    ) -> None:
+        self._pipeline = pipeline
+        self._write = write
+        self._dlq = dlq
+        self._retry = retry
+        self._key_index = tuple(conflict_key_index) if conflict_key_index else None
+        self._abort = abort
+
+    # -- retry policy ------------------------------------------------------------
+    def _retrying(self, what: str, counter: list[int]) -> Retrying:
+        cfg = self._retry
+
+        def before_sleep(state: RetryCallState) -> None:
+            counter[0] += 1
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning(
+                "transient failure, retrying",
+                extra={"pipeline": self._pipeline, "what": what, "attempt": state.attempt_number, "error": str(exc)},
+            )
+
+        def stop(state: RetryCallState) -> bool:
+            if self._abort.is_set():
+                return True
+            if cfg.max_attempts == 0:
+                return stop_never(state)
+            return stop_after_attempt(cfg.max_attempts)(state)
+
+        return Retrying(
+            retry=retry_if_exception_type(TransientError),
+            wait=wait_random_exponential(multiplier=cfg.initial_backoff_ms / 1000, max=cfg.max_backoff_ms / 1000),
+            stop=stop,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+
+    # -- the batch -----------------------------------------------------------------
+    def handle(self, lane: int, items: Sequence[Item], reason: str) -> Completion:
+        """Write one batch; never raises (errors are returned in the completion)."""
+        started = time.perf_counter()
+        result = Completion(lane=lane, reason=reason, records=len(items))
+        retries = [0]
+        try:
+            failures: list[DlqEntry] = []
+            groups: dict[Any, list[Item]] = {}
+            rows: list[tuple[Any, ...]] = []
+            row_items: list[list[Item]] = []
+            for item in items:
+                result.size_bytes += item.size_bytes
+                ts = item.record.timestamp_ms
+                if ts is not None and (result.min_timestamp_ms is None or ts < result.min_timestamp_ms):
+                    result.min_timestamp_ms = ts
+                if item.failure is not None:
+                    failures.append(DlqEntry(self._pipeline, item.record, item.failure))
+                    continue
+                assert item.row is not None
+                if self._key_index is None:
+                    rows.append(item.row)
+                    row_items.append([item])
+                    continue
+                key = tuple(item.row[i] for i in self._key_index)
+                group = groups.get(key)
+                if group is None:
+                    groups[key] = [item]
+                else:
+                    group.append(item)
+            if self._key_index is not None:
+                for group in groups.values():
+                    rows.append(group[-1].row)  # type: ignore[arg-type]
+                    row_items.append(group)
+
+            calls = [0]
+
+            def write_piece(piece: Sequence[int]) -> None:
+                batch_rows = [rows[i] for i in piece]
+                for attempt in self._retrying("sink write", retries):
+                    with attempt:
+                        calls[0] += 1
+                        self._write(batch_rows)
+
+            poison = write_isolating(range(len(rows)), write_piece)
+            result.write_calls = calls[0]
+            poison_idx = set()
+            for index, exc in poison:
+                poison_idx.add(index)
+                winner = row_items[index][-1]
+                failures.append(DlqEntry(self._pipeline, winner.record, _write_failure(exc)))
+            result.rows_written = len(rows) - len(poison_idx)
+
+            if failures:
+                for attempt in self._retrying("dlq write", retries):
+                    with attempt:
+                        self._dlq.put(failures)
+                for entry in failures:
+                    result.dead_lettered[(entry.failure.stage, entry.failure.error_class)] += 1
+
+            for item in items:
+                result.done.setdefault((item.record.tp, item.epoch), []).append(item.record.offset)
+        except (TransientError, PermanentError) as exc:
+            result.done.clear()
+            result.error = FatalPipelineError(
+                f"pipeline {self._pipeline!r}: gave up after retries: {exc}"
+                if not self._abort.is_set()
+                else f"pipeline {self._pipeline!r}: aborted"
+            )
+        except Exception as exc:  # noqa: BLE001 - a bug must stop the pipeline, not kill the lane silently
+            result.done.clear()
+            log.exception("unexpected error in batch writer")
+            result.error = exc
+        result.retries = retries[0]
+        result.duration_s = time.perf_counter() - started
+        return result
+
+
+def _write_failure(exc: PermanentError) -> Failure:
+    return Failure(stage="write", error_class=exc.error_class, message=str(exc), sqlstate=exc.sqlstate)

