@@ -189,6 +189,9 @@ def run(
         typer.Option("--until-idle", metavar="SECONDS",
                      help="Exit 0 once assigned partitions are drained and nothing arrived for this long."),
     ] = None,
+    summary_json: Annotated[
+        Optional[Path], typer.Option("--summary-json", help="Also write the exit summary as JSON to this file.")
+    ] = None,
     log_level: LogLevelOpt = "info",
 ) -> None:
     """Consume the configured topics and write them into their sinks until stopped.
@@ -255,6 +258,18 @@ def run(
             f"{s.records_consumed / elapsed if elapsed > 0 else 0:.0f} records/s over {elapsed:.1f} s",
             err=True,
         )
+    if summary_json is not None:
+        import resource
+
+        import orjson
+
+        summary = {
+            "elapsed_s": round(elapsed, 3),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "pipelines": {pl.settings.name: pl.stats.as_dict() for pl, _ in built},
+            "errors": {name: str(exc) for name, exc in errors.items()},
+        }
+        summary_json.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     if abort.is_set():
         raise typer.Exit(EXIT_ABORTED)
     for name, exc in errors.items():

@@ -87,6 +87,9 @@ class PipelineStats:
     commits: int = 0
     paused_s: float = 0.0
     started_s: float = field(default_factory=time.monotonic)
+    #: when the first record arrived and when the last batch was handled (throughput window)
+    first_record_s: float | None = None
+    last_done_s: float | None = None
     finished_s: float | None = None
 
     @property
@@ -94,8 +97,28 @@ class PipelineStats:
         return sum(self.dead_lettered.values())
 
     def rate_per_s(self) -> float:
-        elapsed = (self.finished_s or time.monotonic()) - self.started_s
+        """Records per second between the first record and the last handled batch."""
+        if self.first_record_s is None or self.last_done_s is None:
+            return 0.0
+        elapsed = self.last_done_s - self.first_record_s
         return self.records_consumed / elapsed if elapsed > 0 else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "records_consumed": self.records_consumed,
+            "rows_written": self.rows_written,
+            "dead_lettered": self.dead_lettered_total,
+            "dead_lettered_by_class": {f"{k[0]}/{k[1]}": v for k, v in self.dead_lettered.items()},
+            "skipped": self.skipped,
+            "batches": self.batches,
+            "flushes": dict(self.flushes),
+            "retries": self.retries,
+            "write_calls": self.write_calls,
+            "commits": self.commits,
+            "paused_s": round(self.paused_s, 3),
+            "rate_per_s": round(self.rate_per_s(), 1),
+            "busy_s": round((self.last_done_s or 0) - (self.first_record_s or 0), 3),
+        }
 
 
 class Lane(threading.Thread):
@@ -215,6 +238,8 @@ class Pipeline:
                 now_ms = monotonic_ms()
                 if records:
                     self._last_activity_ms = now_ms
+                    if self.stats.first_record_s is None:
+                        self.stats.first_record_s = time.monotonic()
                     self._accept(records, now_ms)
                 self._flush_due(now_ms)
                 if now_ms - self._last_commit_ms >= self.settings.commit_interval_ms:
@@ -235,42 +260,54 @@ class Pipeline:
         return self.stats
 
     def _accept(self, records: list[Record], now_ms: int) -> None:
+        """Track, map and route one polled chunk. The hot path: keep it lean."""
         tracker = self._tracker
-        mapper = self._mapper
-        router = self._router
+        track = tracker.track
+        map_record = self._mapper.map
+        lane_of = self._router.lane
         batchers = self._batchers
+        max_rows = self.settings.batch.max_rows
         skip_tombstones = self.settings.tombstones == "skip"
         self.stats.records_consumed += len(records)
+        last_key: tuple[str, int] | None = None
+        tp = Partition("", -1)
+        epoch: int | None = None
+        n_items = 0
+        n_bytes = 0
         for rec in records:
-            tp = Partition(rec.topic, rec.partition)
-            epoch = tracker.epoch(tp)
+            if (rec.topic, rec.partition) != last_key:  # records arrive in runs per partition
+                last_key = (rec.topic, rec.partition)
+                tp = Partition(rec.topic, rec.partition)
+                epoch = tracker.epoch(tp)
             if epoch is None:
                 continue  # not assigned any more (revoked during this poll)
             try:
-                tracker.track(tp, rec.offset)
+                track(tp, rec.offset)
             except ValueError:
                 log.warning("offset went backwards; ignoring redelivery", extra={"partition": str(tp), "offset": rec.offset})
                 continue
-            if rec.value is None and skip_tombstones:
+            value = rec.value
+            if value is None and skip_tombstones:
                 tracker.done(tp, rec.offset, epoch)
                 self.stats.skipped += 1
                 continue
-            size = rec.size_bytes + 64
+            size = (len(value) if value is not None else 0) + (len(rec.key) if rec.key is not None else 0) + 64
             try:
-                row, key = mapper.map(rec)
+                row, key = map_record(rec)
                 item = Item(rec, row, None, epoch, size)
             except InvalidRecord as exc:
                 item = Item(rec, None, Failure(exc.stage, exc.error_class, exc.message), epoch, size)
                 key = rec.key
-            lane = router.lane(key)
+            lane = lane_of(key)
             batcher = batchers[lane]
             if not batcher.fits(size):
-                self._dispatch(lane, FlushReason.SIZE if len(batcher) >= self.settings.batch.max_rows else FlushReason.BYTES)
-            self._in_flight_records += 1
-            self._in_flight_bytes += size
-            reason = batcher.add(item, size, now_ms)
-            if reason is not None:
-                self._dispatch(lane, reason)
+                self._dispatch(lane, FlushReason.SIZE if len(batcher) >= max_rows else FlushReason.BYTES)
+            n_items += 1
+            n_bytes += size
+            if batcher.add(item, size, now_ms) is not None:
+                self._dispatch(lane, FlushReason.SIZE if len(batcher) >= max_rows else FlushReason.BYTES)
+        self._in_flight_records += n_items
+        self._in_flight_bytes += n_bytes
 
     def _dispatch(self, lane: int, reason: FlushReason) -> None:
         items = self._batchers[lane].drain()
@@ -309,6 +346,7 @@ class Pipeline:
             return
         stats = self.stats
         stats.batches += 1
+        stats.last_done_s = time.monotonic()
         stats.rows_written += c.rows_written
         stats.dead_lettered.update(c.dead_lettered)
         stats.retries += c.retries

@@ -29,9 +29,13 @@ class Partition(NamedTuple):
 Headers = tuple[tuple[str, bytes | None], ...]
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Record:
-    """One consumed Kafka message, exactly as the broker delivered it."""
+    """One consumed Kafka message, exactly as the broker delivered it.
+
+    Treat as immutable. (Not ``frozen=True`` only because frozen dataclasses
+    construct several times slower, and one is built per consumed message.)
+    """
 
     topic: str
     partition: int

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from harness import live_ingest_processes, reap_ingest_processes
-from harness.kafka import create_topic, delete_topics, unique_name
+from harness.kafka import close_producers, create_topic, delete_topics, unique_name
 from harness.services import Service, ServiceError, start_kafka, start_postgres, temp_database
 
 _started: list[Service] = []
@@ -33,9 +33,11 @@ def _start(starter: Callable[[], Service]) -> Service:
     try:
         svc = starter()
     except ServiceError as exc:
-        pytest.fail(f"test service unavailable: {exc}", pytrace=False)
-    _started.append(svc)
-    return svc
+        error = str(exc)
+    else:
+        _started.append(svc)
+        return svc
+    pytest.fail(f"test service unavailable: {error}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +46,7 @@ def kafka_bootstrap() -> Iterator[str]:
     try:
         yield svc.endpoint
     finally:
+        close_producers(svc.endpoint)
         svc.stop()
 
 

@@ -135,7 +135,9 @@ def _int_coercer(base: str) -> Coercer:
         elif t is float:
             if not v.is_integer():  # also false for inf / nan
                 raise _Bad("invalid_value", f"{_show(v)} is not an integer")
-            if not -1e19 < v < 1e19:
+            # Strict bounds: orjson parses an integer literal just below -2**63 as a float
+            # that rounds to exactly -2**63, which must not pass as in range.
+            if not -9.223372036854775808e18 < v < 9.223372036854775808e18:
                 raise _Bad("out_of_range", f"{_show(v)} is out of range for {base}")
             n = int(v)
         elif t is str:
@@ -593,9 +595,8 @@ class Mapper:
         except _Bad as exc:
             raise InvalidRecord("map", exc.error_class, _context(name, source) + exc.detail) from None
         except Exception as exc:  # noqa: BLE001 - defensive: never let a record crash the pipeline
-            raise InvalidRecord(
-                "map", "invalid_value", _context(name, source) + f"unexpected {type(exc).__name__}: {exc}"[:300]
-            ) from None
+            detail = f"internal mapping error {type(exc).__name__}: {exc}"[:300]
+            raise InvalidRecord("map", "invalid_value", _context(name, source) + detail) from None
         return tuple(row), key
 
 

@@ -20,6 +20,7 @@ Broker quirks to keep in mind (Tansu, the local broker; see /work/shared/INFRA.m
 from __future__ import annotations
 
 import re
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -103,15 +104,51 @@ def delete_topics(bootstrap: str, names: Sequence[str], *, timeout_s: float = 10
         fut.result(timeout_s)
 
 
+_producers: dict[tuple[str, tuple[tuple[str, str], ...]], Producer] = {}
+_producers_lock = threading.Lock()
+
+
+def _producer(bootstrap: str, config: Mapping[str, Any] | None) -> tuple[tuple, Producer]:
+    # Cached: a new idempotent producer spends ~0.5 s getting its producer id.
+    key = (bootstrap, tuple(sorted((str(k), str(v)) for k, v in (config or {}).items())))
+    with _producers_lock:
+        producer = _producers.get(key)
+        if producer is None:
+            producer = Producer({
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                **(config or {}),
+            })
+            _producers[key] = producer
+    return key, producer
+
+
+def _drop_producer(key: tuple) -> None:
+    with _producers_lock:
+        _producers.pop(key, None)
+
+
+def close_producers(bootstrap: str | None = None) -> None:
+    """Flush and drop the cached producers (of ``bootstrap``, or all). Call before
+    stopping a broker so their connections do not log errors afterwards."""
+    with _producers_lock:
+        keys = [k for k in _producers if bootstrap is None or k[0] == bootstrap]
+        dropped = [_producers.pop(k) for k in keys]
+    for producer in dropped:
+        producer.flush(5)
+
+
 def produce(bootstrap: str, topic: str, records: Iterable[Record], *, partition: int | None = None,
             timeout_s: float = 60.0, config: Mapping[str, Any] | None = None) -> int:
-    """Produce ``records`` with an idempotent producer; flush; return how many were sent.
+    """Produce ``records`` with an idempotent producer (``linger.ms=5``); flush; return the count.
 
     ``records`` holds ``(key, value)`` or ``(key, value, partition)`` tuples; a
     per-record partition wins over ``partition``, and ``None`` for both lets the
-    producer's partitioner choose by key. Raises if any delivery failed or did
-    not complete within ``timeout_s``. Each call is its own producer, so the
-    records of two calls never share a batch.
+    producer's partitioner choose by key. ``config`` adds or overrides producer
+    settings. Raises if any delivery failed or did not complete within
+    ``timeout_s``. Each call ends with a flush, so the records of two calls
+    never share a batch.
     """
     errors: list[str] = []
     failed = 0
@@ -123,32 +160,35 @@ def produce(bootstrap: str, topic: str, records: Iterable[Record], *, partition:
             if len(errors) < 5:
                 errors.append(f"partition {msg.partition()}: {err}")
 
-    producer = Producer({
-        "bootstrap.servers": bootstrap,
-        "enable.idempotence": True,
-        "linger.ms": 5,
-        **(config or {}),
-    })
+    key_, producer = _producer(bootstrap, config)
     count = 0
-    for rec in records:
-        if len(rec) == 3:
-            key, value, part = rec  # type: ignore[misc]
-        else:
-            key, value = rec  # type: ignore[misc]
-            part = partition
-        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": on_delivery}
-        if part is not None:
-            kwargs["partition"] = part
-        while True:
-            try:
-                producer.produce(topic, **kwargs)
-                break
-            except BufferError:  # local queue full: serve delivery reports and retry
-                producer.poll(0.05)
-        count += 1
-        if count % 1000 == 0:
-            producer.poll(0)
-    remaining = producer.flush(timeout_s)
+    try:
+        for rec in records:
+            if len(rec) == 3:
+                key, value, part = rec  # type: ignore[misc]
+            else:
+                key, value = rec  # type: ignore[misc]
+                part = partition
+            kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": on_delivery}
+            if part is not None:
+                kwargs["partition"] = part
+            while True:
+                try:
+                    producer.produce(topic, **kwargs)
+                    break
+                except BufferError:  # local queue full: serve delivery reports and retry
+                    producer.poll(0.05)
+                except KafkaException as exc:  # e.g. a partition the producer knows is missing
+                    raise RuntimeError(f"produce to {topic}: record {count} not delivered: {exc}") from exc
+            count += 1
+            if count % 1000 == 0:
+                producer.poll(0)
+        remaining = producer.flush(timeout_s)
+    except BaseException:
+        _drop_producer(key_)
+        raise
+    if remaining or failed:
+        _drop_producer(key_)  # do not reuse a producer in an unknown state
     if remaining:
         raise RuntimeError(f"produce to {topic}: {remaining} of {count} records still undelivered "
                            f"after {timeout_s}s")

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -38,7 +40,8 @@ from urllib.parse import quote, urlencode
 import psycopg
 from psycopg import conninfo, sql
 
-LOCAL_PG_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+LOCAL_PG_HOST = "127.0.0.1"
+LOCAL_PG_PORT = 5432
 DOCKER_PG_IMAGE = os.environ.get("INGEST_TEST_PG_IMAGE", "postgres:16-alpine")
 DOCKER_KAFKA_IMAGE = os.environ.get(
     "INGEST_TEST_KAFKA_IMAGE", "docker.redpanda.com/redpandadata/redpanda:v23.1.13"
@@ -204,13 +207,19 @@ def _pg_wait(dsn: str, timeout_s: float) -> tuple[str | None, Exception | None]:
         time.sleep(0.25)
 
 
-def _local_clusters() -> list[tuple[str, str]]:
-    """Debian clusters from /etc/postgresql/<version>/<name>, 'main' and newest first."""
+def _local_clusters(port: int) -> list[tuple[str, str]]:
+    """Debian clusters (/etc/postgresql/<version>/<name>) configured for ``port``,
+    'main' and newest first."""
     root = Path("/etc/postgresql")
     found: list[tuple[str, str]] = []
     if root.is_dir():
         for conf in root.glob("*/*/postgresql.conf"):
-            found.append((conf.parent.parent.name, conf.parent.name))
+            try:
+                m = re.search(r"^\s*port\s*=\s*'?(\d+)", conf.read_text(errors="replace"), re.M)
+            except OSError:
+                continue
+            if (int(m.group(1)) if m else 5432) == port:
+                found.append((conf.parent.parent.name, conf.parent.name))
 
     def key(vc: tuple[str, str]) -> tuple[int, float]:
         version, name = vc
@@ -259,28 +268,30 @@ def _start_pg_docker() -> Service:
                    time.monotonic() - t0, container.stop)
 
 
-def _start_pg_local() -> Service:
+def _start_pg_local(host: str | None = None, port: int | None = None) -> Service:
+    host = host or LOCAL_PG_HOST
+    port = port or LOCAL_PG_PORT
+    where = f"{host}:{port}"
     t0 = time.monotonic()
-    admin = LOCAL_PG_DSN
+    admin = f"postgresql://postgres@{host}:{port}/postgres"
     try:
         version = pg_check(admin)
-        return Service("postgres", "local", admin, f"PostgreSQL {version} at 127.0.0.1:5432",
-                       time.monotonic() - t0)
+        return Service("postgres", "local", admin, f"PostgreSQL {version} at {where}", time.monotonic() - t0)
     except psycopg.Error as exc:
         first_error: Exception = exc
 
-    if _port_open("127.0.0.1", 5432):
+    if _port_open(host, port):
         # Something listens but refuses us: starting a cluster will not help.
         raise ServiceError(
-            "PostgreSQL listens on 127.0.0.1:5432 but refuses user postgres without a password "
-            f"({first_error}). Allow trust auth for 127.0.0.1 in pg_hba.conf, or point "
-            "INGEST_TEST_PG_DSN at an admin DSN (e.g. postgresql://postgres:secret@127.0.0.1:5432/postgres)."
+            f"PostgreSQL listens on {where} but refuses user postgres without a password "
+            f"({first_error}). Allow trust auth for {host} in pg_hba.conf, or point "
+            f"INGEST_TEST_PG_DSN at an admin DSN (e.g. postgresql://postgres:secret@{where}/postgres)."
         )
 
-    clusters = _local_clusters()
+    clusters = _local_clusters(port)
     if not clusters or shutil.which("pg_ctlcluster") is None:
         raise ServiceError(
-            "no PostgreSQL at 127.0.0.1:5432 and no Debian cluster to start "
+            f"no PostgreSQL at {where} and no Debian cluster for port {port} to start "
             f"(/etc/postgresql: {clusters or 'none'}; pg_ctlcluster: {shutil.which('pg_ctlcluster')}). "
             "Install postgresql (scripts/test.sh does), or set INGEST_TEST_PG_DSN."
         )
@@ -288,20 +299,18 @@ def _start_pg_local() -> Service:
     cmd = ["pg_ctlcluster", "--skip-systemctl-redirect", version, name, "start"]
     try:
         res = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
-        started_msg = (res.stdout + res.stderr).strip()
+        started = f"exit {res.returncode}: {(res.stdout + res.stderr).strip() or 'no output'}"
     except (OSError, subprocess.TimeoutExpired) as exc:
-        started_msg = repr(exc)
-        res = None
+        started = repr(exc)
     version_str, err = _pg_wait(admin, PG_START_TIMEOUT_S)
     if version_str is None:
         log = Path(f"/var/log/postgresql/postgresql-{version}-{name}.log")
         raise ServiceError(
-            f"PostgreSQL at 127.0.0.1:5432 did not come up after `{' '.join(cmd)}` "
-            f"(exit {res.returncode if res else '?'}: {started_msg or 'no output'}); last error: {err}\n"
-            f"--- tail of {log} ---\n{_tail(log)}"
+            f"PostgreSQL at {where} did not come up after `{' '.join(cmd)}` ({started}); "
+            f"last error: {err}\n--- tail of {log} ---\n{_tail(log)}"
         )
-    return Service("postgres", "local",
-                   admin, f"PostgreSQL {version_str} at 127.0.0.1:5432, started with pg_ctlcluster {version} {name}",
+    return Service("postgres", "local", admin,
+                   f"PostgreSQL {version_str} at {where}, started with pg_ctlcluster {version} {name}",
                    time.monotonic() - t0)
 
 
@@ -344,7 +353,9 @@ def kafka_check(bootstrap: str, timeout_s: float = 5.0) -> int:
     """Return the number of brokers in the cluster metadata; raises on failure."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
+    # Client logs go to Python logging (captured by pytest), not straight to stderr.
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000},
+                        logger=logging.getLogger("harness.kafka_check"))
     md = admin.list_topics(timeout=timeout_s)
     return len(md.brokers)
 

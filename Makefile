@@ -1,0 +1,10 @@
+.PHONY: test demo
+
+# Extra pytest arguments: make test ARGS="-m 'not slow' -x"
+ARGS ?=
+
+test:
+	bash scripts/test.sh $(ARGS)
+
+demo:
+	bash scripts/demo.sh

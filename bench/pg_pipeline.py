@@ -1,0 +1,230 @@
+"""Kafka → PostgreSQL benchmark: end-to-end beside its bounds, measured in one run.
+
+    .venv/bin/python bench/pg_pipeline.py [--records 200000] [--naive-records 5000]
+
+Starts an embedded broker (Tansu) and uses ``$INGEST_PG_DSN`` or an embedded
+PostgreSQL (pgserver), produces one topic of JSON records (6 partitions, ~110 B
+each, 1/3 as many keys as records so many are updates), then measures on those
+same records:
+
+  (a) consume only     -- the broker's delivery rate to one confluent-kafka consumer
+  (b) write path alone -- the same records pre-decoded, deduplicated per batch and
+                          written by the same sink (COPY -> stage -> upsert), serially
+  (c) plain COPY       -- the decoded rows COPY'd into a table without keys
+  (d) naive consumer   -- one INSERT .. ON CONFLICT + one commit + one offset commit per record
+  (e) end to end       -- ``ingest run`` as a subprocess (first record → last batch handled),
+                          and its peak RSS
+
+and prints each figure with the ratios e/min(a,b) and e/d.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+import psycopg
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ingest.config import PostgresSink as PostgresSinkSettings  # noqa: E402
+from ingest.core.mapping import Mapper  # noqa: E402
+from ingest.embedded import start_all  # noqa: E402
+from ingest.sinks.postgres import PostgresSink  # noqa: E402
+from ingest.types import Record  # noqa: E402
+
+PARTITIONS = 6
+BATCH_ROWS = 5000
+COLUMNS = {
+    "event_id": {"type": "bigint", "source": "$.id", "required": True},
+    "user_id": {"type": "bigint", "source": "$.user"},
+    "kind": {"type": "text", "source": "$.kind"},
+    "amount": {"type": "numeric(12,2)", "source": "$.amount"},
+    "ts": {"type": "timestamptz", "source": "$.ts"},
+}
+CONSUMER = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "auto.offset.reset": "earliest",
+            "enable.auto.commit": False}
+
+
+def produce(bootstrap: str, topic: str, n: int) -> None:
+    keys = max(1, n // 3)
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
+                  "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
+    for i in range(n):
+        k = (i * 7919) % keys
+        value = orjson.dumps({"id": k, "user": i % 997, "kind": "click" if i % 3 else "view",
+                              "amount": round(i % 10000 / 100, 2), "ts": 1764460800000 + i})
+        while True:
+            try:
+                p.produce(topic, key=str(k).encode(), value=value)
+                break
+            except BufferError:
+                p.poll(0.05)
+        if i % 10000 == 0:
+            p.poll(0)
+    if p.flush(60) != 0:
+        raise RuntimeError("produce did not finish")
+
+
+def consume_all(bootstrap: str, topic: str, n: int) -> tuple[list[Record], float]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}", **CONSUMER})
+    c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    out: list[Record] = []
+    start = None
+    while len(out) < n:
+        msgs = c.consume(10000, timeout=1.0)
+        if start is None and msgs:
+            start = time.perf_counter()
+        for m in msgs:
+            if m.error() is None:
+                out.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1]))
+    elapsed = time.perf_counter() - (start or time.perf_counter())
+    c.close()
+    return out, elapsed
+
+
+def make_table(dsn: str, name: str, keyed: bool) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP TABLE IF EXISTS "{name}"')
+        pk = ", PRIMARY KEY (event_id)" if keyed else ""
+        conn.execute(f'CREATE TABLE "{name}" (event_id bigint NOT NULL, user_id bigint, kind text, '
+                     f'amount numeric(12,2), ts timestamptz{pk})')
+
+
+def sink_settings(dsn: str, table: str) -> PostgresSinkSettings:
+    return PostgresSinkSettings(dsn=dsn, table=table, conflict_key=["event_id"], columns=COLUMNS)
+
+
+def write_path(dsn: str, rows: list[tuple]) -> float:
+    make_table(dsn, "bench_write_path", keyed=True)
+    sink = PostgresSink(sink_settings(dsn, "bench_write_path"), pool_size=1)
+    sink.write(rows[:1])  # open the pool outside the timing
+    start = time.perf_counter()
+    for i in range(0, len(rows), BATCH_ROWS):
+        dedup = {row[0]: row for row in rows[i:i + BATCH_ROWS]}
+        sink.write(list(dedup.values()))
+    elapsed = time.perf_counter() - start
+    sink.close()
+    return elapsed
+
+
+def plain_copy(dsn: str, rows: list[tuple]) -> float:
+    make_table(dsn, "bench_copy", keyed=False)
+    with psycopg.connect(dsn) as conn:
+        start = time.perf_counter()
+        with conn.cursor() as cur, cur.copy('COPY "bench_copy" (event_id, user_id, kind, amount, ts) FROM STDIN') as cp:
+            for row in rows:
+                cp.write_row(row)
+        conn.commit()
+        return time.perf_counter() - start
+
+
+def naive(bootstrap: str, topic: str, dsn: str, mapper: Mapper, n: int) -> float:
+    make_table(dsn, "bench_naive", keyed=True)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-naive-{uuid.uuid4().hex}", **CONSUMER})
+    c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    sql = ('INSERT INTO "bench_naive" (event_id, user_id, kind, amount, ts) VALUES (%s, %s, %s, %s, %s) '
+           "ON CONFLICT (event_id) DO UPDATE SET user_id = EXCLUDED.user_id, kind = EXCLUDED.kind, "
+           "amount = EXCLUDED.amount, ts = EXCLUDED.ts")
+    done = 0
+    start = None
+    with psycopg.connect(dsn) as conn:
+        while done < n:
+            m = c.poll(1.0)
+            if m is None or m.error() is not None:
+                continue
+            start = start or time.perf_counter()
+            rec = Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1])
+            row, _ = mapper.map(rec)
+            conn.execute(sql, row)
+            conn.commit()
+            c.commit(message=m, asynchronous=False)
+            done += 1
+    elapsed = time.perf_counter() - (start or time.perf_counter())
+    c.close()
+    return elapsed
+
+
+def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int) -> dict:
+    table = f"bench_e2e_{lanes}"
+    make_table(dsn, table, keyed=True)
+    cfg = {
+        "kafka": {"bootstrap_servers": bootstrap, "client": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}},
+        "pipelines": [{
+            "name": f"bench{lanes}", "topics": [topic], "group_id": f"bench-e2e-{uuid.uuid4().hex}",
+            "lanes": lanes, "batch": {"max_rows": BATCH_ROWS, "max_latency_ms": 200},
+            "sink": {"kind": "postgres", "dsn": dsn, "table": table, "conflict_key": ["event_id"], "columns": COLUMNS},
+            "dlq": {"kind": "postgres", "table": "bench_dlq"},
+        }],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        summary = Path(tmp) / "summary.json"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        subprocess.run([sys.executable, "-m", "ingest", "migrate", "-c", str(path)], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, "-m", "ingest", "run", "-c", str(path), "--until-idle", "2",
+                        "--log-level", "warning", "--summary-json", str(summary)], check=True, env=env)
+        data = orjson.loads(summary.read_bytes())
+    stats = data["pipelines"][f"bench{lanes}"]
+    return {"rate": stats["rate_per_s"], "rss": data["peak_rss_bytes"], "rows": stats["rows_written"],
+            "consumed": stats["records_consumed"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=200_000)
+    ap.add_argument("--naive-records", type=int, default=5_000)
+    ap.add_argument("--lanes", type=int, nargs="+", default=[1, 4])
+    args = ap.parse_args()
+
+    services = start_all()
+    try:
+        bootstrap, dsn = services.bootstrap, services.pg_dsn
+        topic = f"bench-{uuid.uuid4().hex[:8]}"
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for f in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
+            f.result()
+        t = time.perf_counter()
+        produce(bootstrap, topic, args.records)
+        print(f"produced {args.records} records in {time.perf_counter() - t:.1f} s", flush=True)
+
+        records, t_a = consume_all(bootstrap, topic, args.records)
+        mapper = Mapper(sink_settings(dsn, "x").columns)
+        rows = [mapper.map(r)[0] for r in records]
+        t_b = write_path(dsn, rows)
+        t_c = plain_copy(dsn, rows)
+        t_d = naive(bootstrap, topic, dsn, mapper, args.naive_records)
+        e2e = {lanes: end_to_end(bootstrap, topic, dsn, lanes) for lanes in args.lanes}
+
+        n = args.records
+        a, b, c, d = n / t_a, n / t_b, n / t_c, args.naive_records / t_d
+        print(f"\nrecords: {n} over {PARTITIONS} partitions, {n // 3} keys, batch {BATCH_ROWS} rows")
+        print(f"{'measure':<44}{'records/s':>12}")
+        print(f"{'(a) consume only':<44}{a:>12,.0f}")
+        print(f"{'(b) write path alone (COPY->stage->upsert)':<44}{b:>12,.0f}")
+        print(f"{'(c) plain COPY of decoded rows':<44}{c:>12,.0f}")
+        print(f"{'(d) naive consumer (' + str(args.naive_records) + ' records)':<44}{d:>12,.0f}")
+        for lanes, r in e2e.items():
+            assert r["consumed"] == n, f"end-to-end consumed {r['consumed']} of {n}"
+            print(f"{'(e) ingest run, lanes=' + str(lanes):<44}{r['rate']:>12,.0f}   peak RSS {r['rss'] / 2**20:.0f} MiB")
+        best = max(r["rate"] for r in e2e.values())
+        print(f"\nratio e/min(a,b) = {best / min(a, b):.2f}   e/b = {best / b:.2f}   e/c = {best / c:.2f}   "
+              f"e/d = {best / d:.0f}x")
+    finally:
+        services.close()
+
+
+if __name__ == "__main__":
+    main()
