@@ -295,16 +295,321 @@ def demo(
 
 
 # --------------------------------------------------------------------------- placeholders for later issues
+dlq_app = typer.Typer(help="Inspect the dead-letter queue (PostgreSQL DLQ backend).", no_args_is_help=True)
+app.add_typer(dlq_app, name="dlq")
+
+ErrorClassOpt = Annotated[Optional[str], typer.Option("--error-class", help="Only this error class.")]
+StageOpt = Annotated[Optional[str], typer.Option("--stage", help="Only this stage: decode | map | write.")]
+SinceOpt = Annotated[Optional[str], typer.Option("--since", help="Failed at or after (ISO 8601).")]
+UntilOpt = Annotated[Optional[str], typer.Option("--until", help="Failed before (ISO 8601).")]
+RangeOpt = Annotated[Optional[str], typer.Option("--offset-range", help="[PARTITION:]FROM-TO, inclusive.")]
+FormatOpt = Annotated[str, typer.Option("--format", help="table | json")]
+OnePipelineOpt = Annotated[str, typer.Option("--pipeline", "-p", help="Pipeline name.")]
+
+
+def _dlq_store_and_filter(
+    settings: Settings, pipeline: str, error_class: str | None, stage: str | None, since: str | None,
+    until: str | None, offset_range: str | None, statuses: tuple[str, ...],
+) -> tuple[PipelineSettings, Any, Any]:
+    from ingest.dlq.store import DlqFilter, DlqStore, parse_offset_range, parse_time
+    from ingest.migrate import dlq_dsn
+
+    try:
+        p = settings.pipeline(pipeline)
+        if p.dlq.kind != "postgres":
+            raise ConfigError(f"pipelines.{p.name}.dlq.kind is {p.dlq.kind!r}: this command reads the PostgreSQL DLQ")
+        part, lo, hi = parse_offset_range(offset_range) if offset_range else (None, None, None)
+        flt = DlqFilter(
+            pipeline=p.name, error_class=error_class, stage=stage, since=parse_time(since, "--since"),
+            until=parse_time(until, "--until"), partition=part, offset_from=lo, offset_to=hi, statuses=statuses,
+        )
+        return p, DlqStore(dlq_dsn(p), p.dlq.db_schema, p.dlq.table), flt
+    except ConfigError as exc:
+        raise _fail(EXIT_CONFIG, str(exc)) from None
+
+
+StatusOpt = Annotated[Optional[list[str]], typer.Option("--status", help="pending | replayed | gave_up (repeatable; default pending)")]
+
+
+@dlq_app.command("count")
+def dlq_count(config: ConfigOpt = None, pipeline: OnePipelineOpt = "", error_class: ErrorClassOpt = None,
+              stage: StageOpt = None, since: SinceOpt = None, until: UntilOpt = None,
+              offset_range: RangeOpt = None, status: StatusOpt = None, fmt: FormatOpt = "table") -> None:
+    """Count DLQ entries by stage, error class and status."""
+    settings = _load(config)
+    _, store, flt = _dlq_store_and_filter(settings, pipeline, error_class, stage, since, until, offset_range,
+                                          tuple(status or ["pending", "replayed", "gave_up"]))
+    rows = _dlq_call(lambda: store.count_by_class(flt))
+    if fmt == "json":
+        import orjson
+
+        typer.echo(orjson.dumps([{"stage": a, "error_class": b, "status": c, "count": n} for a, b, c, n in rows]).decode())
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"DLQ of pipeline {pipeline}")
+    for col in ("stage", "error class", "status", "count"):
+        table.add_column(col)
+    for a, b, c, n in rows:
+        table.add_row(a, b, c, str(n))
+    table.add_row("", "", "total", str(sum(r[3] for r in rows)))
+    Console().print(table)
+
+
+@dlq_app.command("list")
+def dlq_list(config: ConfigOpt = None, pipeline: OnePipelineOpt = "", error_class: ErrorClassOpt = None,
+             stage: StageOpt = None, since: SinceOpt = None, until: UntilOpt = None,
+             offset_range: RangeOpt = None, status: StatusOpt = None,
+             limit: Annotated[int, typer.Option("--limit", help="At most this many entries.")] = 50,
+             fmt: FormatOpt = "table") -> None:
+    """List DLQ entries (oldest first) with their provenance and error."""
+    settings = _load(config)
+    _, store, flt = _dlq_store_and_filter(settings, pipeline, error_class, stage, since, until, offset_range,
+                                          tuple(status or ["pending"]))
+    rows = _dlq_call(lambda: store.fetch(flt, limit=limit))
+    if fmt == "json":
+        import orjson
+
+        typer.echo(orjson.dumps([r.as_dict() for r in rows]).decode())
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"DLQ of pipeline {pipeline} ({len(rows)} shown)")
+    for col in ("id", "topic", "part", "offset", "stage", "error class", "attempts", "status", "error"):
+        table.add_column(col, no_wrap=col != "error", overflow="fold")
+    for r in rows:
+        table.add_row(str(r.id), r.record.topic, str(r.record.partition), str(r.record.offset), r.failure.stage,
+                      r.failure.error_class, str(r.attempts), r.status, r.failure.message[:120])
+    Console().print(table)
+
+
+@dlq_app.command("show")
+def dlq_show(entry_id: Annotated[int, typer.Argument(help="DLQ entry id (from `dlq list`).")],
+             config: ConfigOpt = None, pipeline: OnePipelineOpt = "") -> None:
+    """Show one DLQ entry in full (value as UTF-8 text, or base64 when it is not text) as JSON."""
+    settings = _load(config)
+    _, store, _ = _dlq_store_and_filter(settings, pipeline, None, None, None, None, None, ("pending",))
+    row = _dlq_call(lambda: store.get(entry_id))
+    if row is None:
+        raise _fail(EXIT_FAILED, f"no DLQ entry {entry_id}")
+    import orjson
+
+    typer.echo(orjson.dumps(row.as_dict(), option=orjson.OPT_INDENT_2).decode())
+
+
+def _dlq_call(fn: Any) -> Any:
+    import psycopg
+
+    try:
+        return fn()
+    except psycopg.OperationalError as exc:
+        from ingest.sinks.pg_errors import classify
+
+        raise _fail(EXIT_UNREACHABLE, f"unreachable: DLQ database: {classify(exc)}") from None
+    except psycopg.errors.UndefinedTable:
+        raise _fail(EXIT_FAILED, "the DLQ table does not exist: run `ingest migrate`") from None
+
+
 @app.command("replay-dlq")
-def replay_dlq(config: ConfigOpt = None, pipeline: Annotated[str, typer.Option("--pipeline", "-p")] = "") -> None:
-    """Send dead-lettered records back through the pipeline (not available in this version)."""
-    raise _fail(EXIT_FAILED, "replay-dlq is not implemented in this version")
+def replay_dlq(
+    config: ConfigOpt = None,
+    pipeline: OnePipelineOpt = "",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would be replayed; change nothing.")] = False,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="Replay at most N entries.")] = None,
+    error_class: ErrorClassOpt = None,
+    stage: StageOpt = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+    offset_range: RangeOpt = None,
+    rate: Annotated[Optional[float], typer.Option("--rate", help="At most N records per second.")] = None,
+    to: Annotated[str, typer.Option("--to", help="sink: write through the pipeline's mapping and sink; "
+                                                 "topic: republish to the original topic.")] = "sink",
+    purge: Annotated[bool, typer.Option("--purge", help="Delete replayed entries instead of marking them.")] = False,
+    max_replays: Annotated[Optional[int], typer.Option("--max-replays", help="Loop guard (default dlq.max_replays).")] = None,
+    log_level: LogLevelOpt = "warning",
+) -> None:
+    """Send dead-lettered records back through the pipeline once their cause is fixed.
+
+    Resumable: run it again after an interruption and each entry is replayed
+    once. Entries that still fail stay in the DLQ with their attempt count and
+    the new error; after --max-replays failed replays an entry is given up.
+    Exit 0 when the run completed (even if some entries still fail).
+    """
+    _setup_logs(log_level)
+    if to not in ("sink", "topic"):
+        raise _fail(EXIT_CONFIG, f"--to {to!r}: expected sink or topic")
+    settings = _load(config)
+    p, store, flt = _dlq_store_and_filter(settings, pipeline, error_class, stage, since, until, offset_range,
+                                          ("pending",))
+    from ingest.replay import Replayer
+
+    limit_replays = max_replays or p.dlq.max_replays
+    sink = None
+    publish = None
+    same_db = False
+    if to == "sink":
+        sink = _build_sink(p, lanes=1)
+        from ingest.migrate import dlq_dsn
+
+        same_db = isinstance(p.sink, PostgresSink) and dlq_dsn(p) == p.sink.dsn.get_secret_value()
+    elif not dry_run:
+        publish = _make_publisher(settings)
+
+    from tenacity import RetryError  # noqa: F401 - tenacity reraises the original error
+
+    from ingest.retry import retrying
+
+    if sink is not None:
+        raw_write = sink.write
+
+        def write_with_retry(rows: Any, tx_hook: Any = None) -> None:
+            for attempt in retrying(p.retry, what="replay sink write"):
+                with attempt:
+                    raw_write(rows, tx_hook=tx_hook)
+
+        class _RetryingSink:
+            write = staticmethod(write_with_retry)
+
+        sink_for_replay: Any = _RetryingSink()
+    else:
+        sink_for_replay = None
+
+    progress_cb = None
+    progress_ctx: Any = None
+    replayer = Replayer(p, store, sink=sink_for_replay, same_database=same_db, publish=publish,
+                        max_replays=limit_replays, purge=purge, rate_per_s=rate)
+    try:
+        selected, skipped = _dlq_call(lambda: replayer.count(flt, limit))
+        if dry_run:
+            from ingest.replay import ReplaySummary
+
+            typer.echo(ReplaySummary(selected=selected, skipped=skipped).line(dry_run=True))
+            return
+        if sys.stderr.isatty():
+            from rich.progress import Progress
+
+            progress_ctx = Progress(transient=True)
+            task = progress_ctx.add_task("replaying", total=selected)
+            progress_ctx.start()
+            progress_cb = lambda n: progress_ctx.advance(task, n)  # noqa: E731
+        replayer._on_progress = progress_cb
+        summary = _dlq_call(lambda: replayer.run(flt, limit))
+    except IngestError as exc:
+        raise _fail(EXIT_FAILED, f"replay stopped: {exc}") from None
+    finally:
+        if progress_ctx is not None:
+            progress_ctx.stop()
+        if sink is not None:
+            sink.close()
+    typer.echo(summary.line(dry_run=False))
+
+
+def _make_publisher(settings: Settings) -> Any:
+    """A function that republishes DLQ rows to their original topics and waits for acknowledgements."""
+    from confluent_kafka import Producer
+
+    from ingest.errors import TransientError
+    from ingest.replay import republish_headers
+
+    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})
+
+    def publish(rows: Any) -> None:
+        errors: list[Any] = []
+        for row in rows:
+            rec = row.record
+            producer.produce(rec.topic, key=rec.key, value=rec.value, partition=rec.partition,
+                             headers=republish_headers(row),
+                             on_delivery=lambda err, _m: errors.append(err) if err else None)
+            producer.poll(0)
+        if producer.flush(30) or errors:
+            raise TransientError(f"republish failed: {errors[0].str() if errors else 'not acknowledged in time'}")
+
+    return publish
 
 
 @app.command()
-def lag(config: ConfigOpt = None, pipeline: PipelineOpt = None) -> None:
-    """Per-partition consumer lag of each pipeline (not available in this version)."""
-    raise _fail(EXIT_FAILED, "lag is not implemented in this version")
+def lag(
+    config: ConfigOpt = None,
+    pipeline: PipelineOpt = None,
+    output_format: Annotated[
+        Optional[str],
+        typer.Option("--format", "-f", metavar="table|json",
+                     help="table (default on a terminal) or json (default otherwise): one JSON document."),
+    ] = None,
+    watch: Annotated[
+        Optional[float],
+        typer.Option("--watch", "-w", metavar="SECONDS",
+                     help="Measure again every SECONDS until Ctrl-C (json: one document per line)."),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", metavar="SECONDS", help="Per-request broker timeout.")
+    ] = 10.0,
+    log_level: LogLevelOpt = "warning",
+) -> None:
+    """Per-partition consumer lag of each pipeline's group, in records and in time.
+
+    Reads committed offsets without joining the group (safe while pipelines
+    run). A partition holding more than half of its pipeline's lag (of at
+    least 100 records, with 2+ partitions) is flagged HOT. Exit 0 on success,
+    1 when some partitions could not be measured (e.g. a missing topic),
+    2 on configuration errors, 3 when the broker is unreachable.
+    """
+    _setup_logs(log_level)
+    fmt = (output_format or ("table" if sys.stdout.isatty() else "json")).lower()
+    if fmt not in ("table", "json"):
+        raise _fail(EXIT_CONFIG, f"--format must be table or json, not {output_format!r}")
+    if watch is not None and watch <= 0:
+        raise _fail(EXIT_CONFIG, "--watch must be a positive number of seconds")
+    if timeout <= 0:
+        raise _fail(EXIT_CONFIG, "--timeout must be a positive number of seconds")
+    settings = _load(config)
+    selected = _select(settings, pipeline)
+    from ingest.lag import collect_lag, render_json, render_tables
+
+    console = None
+    if fmt == "table":
+        from rich.console import Console
+
+        # Off a terminal rich would wrap at 80 columns: let rows be as wide as they need.
+        console = Console(width=None if sys.stdout.isatty() else 400)
+
+    def emit(report: Any) -> None:
+        if console is None:
+            sys.stdout.buffer.write(render_json(report, compact=watch is not None) + b"\n")
+            sys.stdout.buffer.flush()
+            return
+        if watch is not None and console.is_terminal:
+            console.clear()
+        for renderable in render_tables(report):
+            console.print(renderable)
+
+    if watch is None:
+        try:
+            report = collect_lag(settings.kafka, selected, timeout_s=timeout)
+        except ServiceUnreachable as exc:
+            raise _fail(EXIT_UNREACHABLE, f"unreachable: {exc}") from None
+        emit(report)
+        for err in report.errors:
+            typer.echo(f"error: {err}", err=True)
+        if report.errors:
+            raise typer.Exit(EXIT_FAILED)
+        return
+    try:
+        while True:
+            started = time.monotonic()
+            try:
+                report = collect_lag(settings.kafka, selected, timeout_s=timeout)
+            except ServiceUnreachable as exc:  # keep watching: the broker may come back
+                typer.echo(f"error: unreachable: {exc}", err=True)
+            else:
+                emit(report)
+                for err in report.errors:
+                    typer.echo(f"error: {err}", err=True)
+            time.sleep(max(0.0, watch - (time.monotonic() - started)))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
 
 
 def main() -> None:

@@ -272,6 +272,8 @@ class DlqSettings(Frozen):
     max_ratio: float | None = Field(default=0.5, gt=0, le=1)
     max_consecutive: int | None = Field(default=1000, ge=1)
     window: int = Field(default=1000, ge=1)
+    #: Loop guard of ``replay-dlq``: an entry that failed this many replays is given up.
+    max_replays: int = Field(default=3, ge=1)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

@@ -27,12 +27,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, stop_never, wait_random_exponential
+from tenacity import Retrying
 
 from ingest.config import RetrySettings
 from ingest.core.isolation import write_isolating
 from ingest.dlq.base import DeadLetterQueue, DlqEntry
 from ingest.errors import FatalPipelineError, PermanentError, TransientError
+from ingest.retry import retrying
 from ingest.types import Failure, Item, Partition
 
 log = logging.getLogger(__name__)
@@ -81,32 +82,12 @@ class BatchWriter:
         self._key_index = tuple(conflict_key_index) if conflict_key_index else None
         self._abort = abort
 
-    # -- retry policy ------------------------------------------------------------
     def _retrying(self, what: str, counter: list[int]) -> Retrying:
-        cfg = self._retry
-
-        def before_sleep(state: RetryCallState) -> None:
+        def count() -> None:
             counter[0] += 1
-            exc = state.outcome.exception() if state.outcome else None
-            log.warning(
-                "transient failure, retrying",
-                extra={"pipeline": self._pipeline, "what": what, "attempt": state.attempt_number, "error": str(exc)},
-            )
 
-        def stop(state: RetryCallState) -> bool:
-            if self._abort.is_set():
-                return True
-            if cfg.max_attempts == 0:
-                return stop_never(state)
-            return stop_after_attempt(cfg.max_attempts)(state)
-
-        return Retrying(
-            retry=retry_if_exception_type(TransientError),
-            wait=wait_random_exponential(multiplier=cfg.initial_backoff_ms / 1000, max=cfg.max_backoff_ms / 1000),
-            stop=stop,
-            before_sleep=before_sleep,
-            reraise=True,
-        )
+        return retrying(self._retry, what=what, context={"pipeline": self._pipeline}, on_retry=count,
+                        should_stop=self._abort.is_set)
 
     # -- the batch -----------------------------------------------------------------
     def handle(self, lane: int, items: Sequence[Item], reason: str) -> Completion:

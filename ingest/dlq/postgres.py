@@ -25,8 +25,11 @@ from ingest.sinks.pg_errors import classify
 
 _COLUMNS = (
     "pipeline", "topic", "partition", "offset", "record_timestamp", "key", "value",
-    "headers", "stage", "error_class", "error_message", "sqlstate",
+    "headers", "stage", "error_class", "error_message", "sqlstate", "replays",
 )
+#: Header carried by records that ``replay-dlq --to topic`` republished: how many
+#: replays the record has been through (the loop guard's memory across topics).
+REPLAYS_HEADER = "ingest.replays"
 
 
 def headers_json(headers: Sequence[tuple[str, bytes | None]]) -> str:
@@ -34,6 +37,22 @@ def headers_json(headers: Sequence[tuple[str, bytes | None]]) -> str:
     return orjson.dumps(
         [[name, None if value is None else base64.b64encode(value).decode()] for name, value in headers]
     ).decode()
+
+
+def headers_from_json(value: Any) -> tuple[tuple[str, bytes | None], ...]:
+    """Inverse of :func:`headers_json` (accepts the decoded jsonb value)."""
+    items = orjson.loads(value) if isinstance(value, (str, bytes)) else (value or [])
+    return tuple((name, None if b64 is None else base64.b64decode(b64)) for name, b64 in items)
+
+
+def replays_of(headers: Sequence[tuple[str, bytes | None]]) -> int:
+    for name, value in headers:
+        if name == REPLAYS_HEADER and value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
 
 
 def entry_row(entry: DlqEntry) -> tuple[Any, ...]:
@@ -46,7 +65,7 @@ def entry_row(entry: DlqEntry) -> tuple[Any, ...]:
     return (
         entry.pipeline, rec.topic, rec.partition, rec.offset, ts, rec.key, rec.value,
         headers_json(rec.headers), entry.failure.stage, entry.failure.error_class,
-        entry.failure.message.replace("\x00", "\\0")[:4000], entry.failure.sqlstate,
+        entry.failure.message.replace("\x00", "\\0")[:4000], entry.failure.sqlstate, replays_of(rec.headers),
     )
 
 
