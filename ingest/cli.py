@@ -158,7 +158,7 @@ def _build_dlq(settings: Settings, p: PipelineSettings) -> Any:
 
 
 def _build_pipeline(settings: Settings, p: PipelineSettings, stop: threading.Event, abort: threading.Event,
-                    until_idle: float | None) -> tuple[Any, list[Any]]:
+                    until_idle: float | None, metrics: Any = None) -> tuple[Any, list[Any]]:
     from ingest.runner import Pipeline
     from ingest.sources.kafka import KafkaSource
     from ingest.writer import BatchWriter
@@ -175,7 +175,7 @@ def _build_pipeline(settings: Settings, p: PipelineSettings, stop: threading.Eve
     pipeline = Pipeline(
         p, source_factory=source_factory, writer=writer, stop=stop, abort=abort,
         consume_batch_size=settings.kafka.consume_batch_size, poll_timeout_ms=settings.kafka.poll_timeout_ms,
-        until_idle_s=until_idle,
+        until_idle_s=until_idle, metrics=metrics.pipeline(p.name) if metrics is not None else None,
     )
     return pipeline, [sink, dlq]
 
@@ -189,6 +189,10 @@ def run(
         typer.Option("--until-idle", metavar="SECONDS",
                      help="Exit 0 once assigned partitions are drained and nothing arrived for this long."),
     ] = None,
+    metrics_port: Annotated[
+        int, typer.Option("--metrics-port", envvar="INGEST_METRICS_PORT",
+                          help="Serve /metrics, /healthz and /readyz on this port (0 = off).")
+    ] = 9464,
     summary_json: Annotated[
         Optional[Path], typer.Option("--summary-json", help="Also write the exit summary as JSON to this file.")
     ] = None,
@@ -216,8 +220,20 @@ def run(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
+    from ingest.metrics import Metrics
+
+    metrics = Metrics()
+    server = None
+    if metrics_port:
+        from ingest.http import serve
+
+        try:
+            server = serve(metrics, metrics_port)
+            log.info("serving /metrics /healthz /readyz", extra={"port": metrics_port})
+        except OSError as exc:
+            log.error("cannot serve metrics; continuing without", extra={"port": metrics_port, "error": str(exc)})
     try:
-        built = [_build_pipeline(settings, p, stop, abort, until_idle) for p in selected]
+        built = [_build_pipeline(settings, p, stop, abort, until_idle, metrics) for p in selected]
     except ConfigError as exc:
         raise _fail(EXIT_CONFIG, str(exc)) from None
     errors: dict[str, BaseException] = {}
@@ -249,6 +265,8 @@ def run(
             except Exception:  # noqa: BLE001
                 log.exception("error while closing")
 
+    if server is not None:
+        server.shutdown()
     elapsed = time.monotonic() - started
     for pl, _ in built:
         s = pl.stats

@@ -82,6 +82,128 @@ def pg_base_type(type_name: str) -> tuple[str, str]:
     return base, base + modifier
 
 
+#: ClickHouse integer types and their ranges.
+CH_INT_RANGES: dict[str, tuple[int, int]] = {
+    "UInt8": (0, 2**8 - 1), "UInt16": (0, 2**16 - 1), "UInt32": (0, 2**32 - 1), "UInt64": (0, 2**64 - 1),
+    "Int8": (-(2**7), 2**7 - 1), "Int16": (-(2**15), 2**15 - 1),
+    "Int32": (-(2**31), 2**31 - 1), "Int64": (-(2**63), 2**63 - 1),
+}
+#: ClickHouse types without parameters, by name -> kind. ``JSON`` is JSON stored as ``String``.
+_CH_SIMPLE: dict[str, str] = {
+    **{name: "int" for name in CH_INT_RANGES},
+    "Float32": "float", "Float64": "float", "String": "string", "Bool": "bool", "Date": "date",
+    "UUID": "uuid", "JSON": "json",
+}
+CH_SUPPORTED = (
+    "UInt8/16/32/64, Int8/16/32/64, Float32, Float64, Decimal(P,S), String, LowCardinality(String), Bool, "
+    "Date, DateTime64(3), UUID, JSON (stored as String), Nullable(T), Array(T)"
+)
+_CH_TOKEN = re.compile(r"\s*([A-Za-z][A-Za-z0-9]*|\d+|'[^']*'|[(),])")
+
+
+@dataclass(frozen=True, slots=True)
+class ChType:
+    """A parsed ClickHouse column type.
+
+    ``name`` is the canonical spelling in the config (``Nullable(JSON)``), ``ddl``
+    the ClickHouse type it creates and inserts as (``Nullable(String)``).
+    ``kind``: int, float, decimal, string, bool, date, datetime64, uuid, json,
+    nullable, array or lowcardinality; ``inner`` is set for the last three.
+    """
+
+    kind: str
+    name: str
+    ddl: str
+    inner: ChType | None = None
+    precision: int = 0
+    scale: int = 0
+
+    @property
+    def nullable(self) -> bool:
+        return self.kind == "nullable" or (self.kind == "lowcardinality" and self.inner is not None
+                                           and self.inner.nullable)
+
+
+def ch_type(type_name: str) -> ChType:
+    """Parse a ClickHouse column type the mapper supports; ValueError (naming the type) otherwise.
+
+    Names are case-sensitive, as in ClickHouse. Supported: see :data:`CH_SUPPORTED`.
+    """
+    tokens = _CH_TOKEN.findall(type_name)
+    if "".join(tokens) != "".join(type_name.split()) or not tokens:
+        raise ValueError(f"unsupported column type {type_name!r}; supported: {CH_SUPPORTED}")
+    pos = 0
+
+    def bad(why: str = "") -> ValueError:
+        return ValueError(f"unsupported column type {type_name!r}{': ' + why if why else ''}; "
+                          f"supported: {CH_SUPPORTED}")
+
+    def take(expected: str | None = None) -> str:
+        nonlocal pos
+        if pos >= len(tokens):
+            raise bad()
+        tok = tokens[pos]
+        if expected is not None and tok != expected:
+            raise bad()
+        pos += 1
+        return tok
+
+    def number(lo: int, hi: int, what: str) -> int:
+        tok = take()
+        if not tok.isdigit() or not lo <= int(tok) <= hi:
+            raise bad(f"{what} must be {lo}..{hi}")
+        return int(tok)
+
+    def parse() -> ChType:
+        name = take()
+        if name in _CH_SIMPLE:
+            kind = _CH_SIMPLE[name]
+            return ChType(kind, name, "String" if kind == "json" else name)
+        if name == "Decimal":
+            take("(")
+            p = number(1, 76, "Decimal precision")
+            s = 0
+            if pos < len(tokens) and tokens[pos] == ",":
+                take(",")
+                s = number(0, p, "Decimal scale")
+            take(")")
+            return ChType("decimal", f"Decimal({p}, {s})", f"Decimal({p}, {s})", precision=p, scale=s)
+        if name == "DateTime64":
+            take("(")
+            p = number(0, 9, "DateTime64 precision")
+            tz = ""
+            if pos < len(tokens) and tokens[pos] == ",":
+                take(",")
+                tz = take()
+                if not (tz.startswith("'") and len(tz) > 2):
+                    raise bad("DateTime64 time zone must be a quoted name")
+                tz = f", {tz}"
+            take(")")
+            return ChType("datetime64", f"DateTime64({p}{tz})", f"DateTime64({p}{tz})", precision=p)
+        if name in ("Nullable", "Array", "LowCardinality"):
+            take("(")
+            inner = parse()
+            take(")")
+            if name == "Nullable":
+                if inner.kind in ("nullable", "array", "lowcardinality"):
+                    raise bad(f"Nullable cannot contain {inner.name}")
+                return ChType("nullable", f"Nullable({inner.name})", f"Nullable({inner.ddl})", inner)
+            if name == "Array":
+                if inner.kind == "lowcardinality":
+                    raise bad("Array(LowCardinality(...)) is not supported")
+                return ChType("array", f"Array({inner.name})", f"Array({inner.ddl})", inner)
+            base = inner.inner if inner.kind == "nullable" else inner
+            if base is None or base.kind != "string":
+                raise bad("LowCardinality supports String and Nullable(String) only")
+            return ChType("lowcardinality", f"LowCardinality({inner.name})", f"LowCardinality({inner.ddl})", inner)
+        raise bad()
+
+    result = parse()
+    if pos != len(tokens):
+        raise bad()
+    return result
+
+
 def _check_identifier(name: str) -> str:
     """Names reach SQL only through identifier quoting; here we only forbid what can never work."""
     if not name or "\x00" in name or len(name.encode()) > 63:
@@ -253,7 +375,7 @@ class ClickHouseColumnSpec(ColumnSpec):
     @field_validator("type")
     @classmethod
     def _ch_type(cls, value: str) -> str:
-        return ch_type(value).name if value.strip() != "JSON" else "JSON"
+        return ch_type(value).name
 
 
 #: Name of the hidden version column added when ``version_column`` is not set.
@@ -355,6 +477,12 @@ class ClickHouseSink(_SinkBase):
     def ch_types(self) -> dict[str, ChType]:
         """Parsed ClickHouse types by column, in column order."""
         return {name: ch_type(spec.type) for name, spec in self.columns.items()}
+
+
+def _sink_kind(value: Any) -> str | None:
+    """The union tag of a sink: its ``kind``, ``postgres`` when absent (the PostgresSink default)."""
+    kind = value.get("kind", "postgres") if isinstance(value, dict) else getattr(value, "kind", None)
+    return kind if kind in ("postgres", "clickhouse") else None
 
 
 SinkSettings = Annotated[

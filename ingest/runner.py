@@ -44,6 +44,7 @@ only what is already done, close.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -59,6 +60,7 @@ from ingest.core.mapping import Mapper
 from ingest.core.offsets import OffsetTracker
 from ingest.core.routing import LaneRouter
 from ingest.errors import FatalPipelineError, InvalidRecord, TransientError
+from ingest.metrics import Metrics, PipelineMetrics
 from ingest.sources.kafka import KafkaSource
 from ingest.types import Failure, Item, Partition, Record
 from ingest.writer import BatchWriter, Completion
@@ -158,9 +160,12 @@ class Pipeline:
         poll_timeout_ms: int = 100,
         until_idle_s: float | None = None,
         on_progress: Callable[[PipelineStats], None] | None = None,
+        metrics: PipelineMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.stats = PipelineStats()
+        self.metrics = metrics or Metrics().pipeline(settings.name)
+        self._health = self.metrics.health
         self._source_factory = source_factory
         self._writer = writer
         self._stop = stop
@@ -182,6 +187,8 @@ class Pipeline:
         self._guard = DlqGuard(settings.dlq.max_ratio, settings.dlq.max_consecutive, settings.dlq.window)
 
         self._source: KafkaSource | None = None
+        #: per lane, the time (monotonic ms) its oldest dispatched, unfinished batch began buffering
+        self._dispatched_oldest_ms: list[collections.deque[int]] = [collections.deque() for _ in range(settings.lanes)]
         self._in_flight_records = 0
         self._in_flight_bytes = 0
         self._paused = False
@@ -198,6 +205,8 @@ class Pipeline:
             self._tracker.assign(tp)
         self._assigned_once = True
         self._last_activity_ms = monotonic_ms()
+        self._health.assigned = len(self._tracker.partitions())
+        self.metrics.assigned.set(self._health.assigned)
         log.info("partitions assigned", extra={"pipeline": self.settings.name, "partitions": [str(p) for p in partitions]})
         return None
 
@@ -209,11 +218,17 @@ class Pipeline:
         self._commit(only=set(partitions))
         for tp in partitions:
             self._tracker.revoke(tp)
+            self.metrics.drop_lag(tp.topic, tp.partition)
+        self._health.assigned = len(self._tracker.partitions())
+        self.metrics.assigned.set(self._health.assigned)
 
     def _on_lost(self, partitions: list[Partition]) -> None:
         log.warning("partitions lost", extra={"pipeline": self.settings.name, "partitions": [str(p) for p in partitions]})
         for tp in partitions:
             self._tracker.revoke(tp)
+            self.metrics.drop_lag(tp.topic, tp.partition)
+        self._health.assigned = len(self._tracker.partitions())
+        self.metrics.assigned.set(self._health.assigned)
 
     # -- main loop -------------------------------------------------------------------
     def run(self) -> PipelineStats:
@@ -230,6 +245,7 @@ class Pipeline:
         )
         try:
             while not self._stop.is_set() and self._fatal is None:
+                self._health.tick()
                 self._drain_completions()
                 if self._fatal is not None:
                     break
@@ -246,6 +262,7 @@ class Pipeline:
                     self._drain_completions()
                     self._commit()
                     self._last_commit_ms = now_ms
+                    self._observe(now_ms)
                     if self._on_progress is not None:
                         self._on_progress(self.stats)
                 if self._idle(now_ms):
@@ -269,6 +286,7 @@ class Pipeline:
         max_rows = self.settings.batch.max_rows
         skip_tombstones = self.settings.tombstones == "skip"
         self.stats.records_consumed += len(records)
+        self.metrics.records_consumed.inc(len(records))
         last_key: tuple[str, int] | None = None
         tp = Partition("", -1)
         epoch: int | None = None
@@ -310,9 +328,13 @@ class Pipeline:
         self._in_flight_bytes += n_bytes
 
     def _dispatch(self, lane: int, reason: FlushReason) -> None:
-        items = self._batchers[lane].drain()
+        batcher = self._batchers[lane]
+        oldest_ms = batcher.oldest_ms
+        items = batcher.drain()
         if items:
             self.stats.flushes[reason.value] += 1
+            self.metrics.flushed(reason.value)
+            self._dispatched_oldest_ms[lane].append(oldest_ms if oldest_ms is not None else monotonic_ms())
             self._lanes[lane].inbox.put((items, reason.value))
 
     def _flush_due(self, now_ms: int) -> None:
@@ -339,6 +361,9 @@ class Pipeline:
     def _apply(self, c: Completion) -> None:
         self._in_flight_records -= c.records
         self._in_flight_bytes -= c.size_bytes
+        if self._dispatched_oldest_ms[c.lane]:
+            self._dispatched_oldest_ms[c.lane].popleft()
+        self._health.sink_ok = c.error is None
         if c.error is not None:
             if self._fatal is None:
                 self._fatal = c.error
@@ -351,6 +376,18 @@ class Pipeline:
         stats.dead_lettered.update(c.dead_lettered)
         stats.retries += c.retries
         stats.write_calls += c.write_calls
+        m = self.metrics
+        m.batch_rows.observe(c.records)
+        m.batch_bytes.observe(c.size_bytes)
+        m.flush_seconds.observe(c.duration_s)
+        m.rows_written.inc(c.rows_written)
+        m.records_done.inc(c.records)
+        m.retries.inc(c.retries)
+        m.write_calls.inc(c.write_calls)
+        for (stage, error_class), n in c.dead_lettered.items():
+            m.dead_lettered(stage, error_class, n)
+        if c.min_timestamp_ms is not None:
+            m.e2e_latency.observe(max(0.0, time.time() - c.min_timestamp_ms / 1000))
         trip = self._guard.observe(c.records, sum(c.dead_lettered.values()))
         for (tp, epoch), offsets in c.done.items():
             self._tracker.done_many(tp, offsets, epoch)
@@ -384,7 +421,9 @@ class Pipeline:
             )
             if below:
                 self._paused = False
-                self.stats.paused_s += time.monotonic() - self._paused_since_s
+                paused_s = time.monotonic() - self._paused_since_s
+                self.stats.paused_s += paused_s
+                self.metrics.paused_seconds.inc(paused_s)
                 self._source.resume(self._source.assignment())
 
     def _commit(self, only: set[Partition] | None = None) -> None:
@@ -400,8 +439,25 @@ class Pipeline:
             log.warning("commit failed; will retry", extra={"pipeline": self.settings.name, "error": str(exc)})
             return
         self.stats.commits += 1
+        self.metrics.commits.inc()
         for tp, off in candidates.items():
             self._tracker.mark_committed(tp, off)
+
+    def _observe(self, now_ms: int) -> None:
+        """Refresh gauges (once per commit interval)."""
+        m = self.metrics
+        m.buffered_records.set(self._in_flight_records)
+        m.buffered_bytes.set(self._in_flight_bytes)
+        m.offset_gaps.set(self._tracker.gap_count())
+        oldest = [b.oldest_ms for b in self._batchers if b.oldest_ms is not None]
+        oldest += [d[0] for d in self._dispatched_oldest_ms if d]
+        m.oldest_unfinished_age.set((now_ms - min(oldest)) / 1000 if oldest else 0.0)
+        assert self._source is not None
+        for tp in self._tracker.partitions():
+            high = self._source.cached_high(tp)
+            mark = self._tracker.committed(tp)
+            if high is not None and mark is not None:
+                m.set_lag(tp.topic, tp.partition, max(0, high - mark))
 
     def _idle(self, now_ms: int) -> bool:
         if self._until_idle_ms is None or not self._assigned_once:
@@ -427,6 +483,8 @@ class Pipeline:
             for lane in self._lanes:
                 lane.join(timeout=max(0.1, self.settings.shutdown_timeout_s))
         self._source.close()
+        self._health.running = False
+        self._health.assigned = 0
         self.stats.finished_s = time.monotonic()
         if self._paused:
             self.stats.paused_s += time.monotonic() - self._paused_since_s

@@ -19,6 +19,7 @@ error and no offsets: nothing of that batch will be committed.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -33,13 +34,26 @@ from ingest.config import RetrySettings
 from ingest.core.isolation import write_isolating
 from ingest.dlq.base import DeadLetterQueue, DlqEntry
 from ingest.errors import FatalPipelineError, PermanentError, TransientError
+from ingest.sinks.base import dedup_token
 from ingest.retry import retrying
 from ingest.types import Failure, Item, Partition
 
 log = logging.getLogger(__name__)
 
-#: A sink write: rows in one transaction (see ingest.sinks.base.Sink.write).
-WriteFn = Callable[[Sequence[tuple[Any, ...]]], None]
+#: A sink write: rows in one transaction (see ingest.sinks.base.Sink.write). When it has a
+#: ``token`` parameter it also gets ``token=`` (ingest.sinks.base.dedup_token of the rows' records),
+#: unless it is a method of an object whose ``dedup_tokens`` attribute is False (PostgresSink:
+#: its upsert needs no token, so none is computed).
+WriteFn = Callable[..., None]
+
+
+def _accepts_token(write: WriteFn) -> bool:
+    if getattr(getattr(write, "__self__", None), "dedup_tokens", True) is False:
+        return False
+    try:
+        return "token" in inspect.signature(write).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 @dataclass(slots=True)
@@ -77,6 +91,7 @@ class BatchWriter:
     ) -> None:
         self._pipeline = pipeline
         self._write = write
+        self._pass_token = _accepts_token(write)
         self._dlq = dlq
         self._retry = retry
         self._key_index = tuple(conflict_key_index) if conflict_key_index else None
@@ -128,10 +143,13 @@ class BatchWriter:
 
             def write_piece(piece: Sequence[int]) -> None:
                 batch_rows = [rows[i] for i in piece]
+                kwargs = {}
+                if self._pass_token:
+                    kwargs["token"] = dedup_token(self._pipeline, (it for i in piece for it in row_items[i]))
                 for attempt in self._retrying("sink write", retries):
                     with attempt:
                         calls[0] += 1
-                        self._write(batch_rows)
+                        self._write(batch_rows, **kwargs)
 
             poison = write_isolating(range(len(rows)), write_piece)
             result.write_calls = calls[0]

@@ -52,13 +52,13 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from datetime import date, datetime, timedelta, timezone
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from typing import Any
 from uuid import UUID
 
 import orjson
 
-from ingest.config import ColumnSpec, pg_base_type
+from ingest.config import CH_INT_RANGES, ChType, ColumnSpec, ch_type, pg_base_type
 from ingest.errors import InvalidRecord
 from ingest.types import Record
 
@@ -126,7 +126,10 @@ def _show(value: Any) -> str:
 
 
 def _int_coercer(base: str) -> Coercer:
-    lo, hi = _INT_RANGES[base]
+    lo, hi = _INT_RANGES[base] if base in _INT_RANGES else CH_INT_RANGES[base]
+    # Early rejections before int(): digits beyond any 64-bit value, floats beyond it.
+    max_digits = max(19, len(str(hi)))
+    float_hi = 1.8446744073709551616e19 if hi >= 2**63 else 9.223372036854775808e18
 
     def coerce(v: Any) -> int:
         t = type(v)
@@ -137,13 +140,13 @@ def _int_coercer(base: str) -> Coercer:
                 raise _Bad("invalid_value", f"{_show(v)} is not an integer")
             # Strict bounds: orjson parses an integer literal just below -2**63 as a float
             # that rounds to exactly -2**63, which must not pass as in range.
-            if not -9.223372036854775808e18 < v < 9.223372036854775808e18:
+            if not -9.223372036854775808e18 < v < float_hi:
                 raise _Bad("out_of_range", f"{_show(v)} is out of range for {base}")
             n = int(v)
         elif t is str:
             if not _INT_STR.fullmatch(v):
                 raise _Bad("invalid_value", f"{_show(v)} is not an integer")
-            if len(v.lstrip("+-").lstrip("0")) > 19:
+            if len(v.lstrip("+-").lstrip("0")) > max_digits:
                 raise _Bad("out_of_range", f"{_show(v)} is out of range for {base}")
             n = int(v)
         else:
@@ -189,7 +192,7 @@ def _numeric(v: Any) -> Decimal:
 
 
 def _float_coercer(base: str) -> Coercer:
-    limit = _REAL_MAX if base == "real" else sys.float_info.max
+    limit = _REAL_MAX if base in ("real", "Float32") else sys.float_info.max
 
     def coerce(v: Any) -> float:
         t = type(v)
@@ -377,6 +380,121 @@ def _coercer_for(base: str) -> Coercer:
         raise ValueError(f"unsupported column type {base!r}") from None
 
 
+# --------------------------------------------------------------------------- ClickHouse coercers
+# Python values clickhouse-connect serialises for the column's type: range-checked, because
+# its Native encoder either raises a bare struct.error or, for Decimal, silently wraps.
+
+#: Decimal256 has 76 digits: quantize in a context wide enough for all of them.
+_CH_DECIMAL_CONTEXT = Context(prec=100, rounding=ROUND_HALF_UP)
+_CH_DATE_MIN, _CH_DATE_MAX = date(1970, 1, 1), date(2149, 6, 6)
+_CH_DT64_MIN = datetime(1900, 1, 1, tzinfo=_UTC)
+_CH_DT64_MAX = datetime(2299, 12, 31, 23, 59, 59, 999999, tzinfo=_UTC)
+
+
+def _ch_string(v: Any) -> str:
+    t = type(v)
+    if t is str:  # ClickHouse String holds any bytes, NUL included
+        return v
+    if t is bool:
+        return "true" if v else "false"
+    if t is int or t is float:
+        return str(v)
+    raise _Bad("wrong_type", f"expected a string, got {_show(v)}")
+
+
+def _ch_json(v: Any) -> str:
+    try:
+        return orjson.dumps(v).decode()
+    except (TypeError, ValueError) as exc:
+        raise _Bad("invalid_value", f"cannot encode as JSON: {exc}") from None
+
+
+def _ch_date(v: Any) -> date:
+    d = _date(v)
+    if not _CH_DATE_MIN <= d <= _CH_DATE_MAX:
+        raise _Bad("out_of_range", f"{d.isoformat()} is out of range for Date (1970-01-01..2149-06-06)")
+    return d
+
+
+def _ch_datetime64(v: Any) -> datetime:
+    dt = _timestamptz(v)  # aware; naive input is taken as UTC
+    try:
+        ok = _CH_DT64_MIN <= dt <= _CH_DT64_MAX
+    except OverflowError:  # pragma: no cover - exotic offsets at datetime.min/max
+        ok = False
+    if not ok:
+        raise _Bad("out_of_range", f"{dt.isoformat()} is out of range for DateTime64 (1900-01-01..2299-12-31)")
+    return dt
+
+
+def _ch_decimal(precision: int, scale: int) -> Coercer:
+    """Decimal(P, S): rounded half away from zero to S places (as PostgreSQL's numeric(P,S)); at
+    most P-S digits before the point, else out_of_range."""
+    quantum = Decimal(1).scaleb(-scale)
+    limit = Decimal(10) ** (precision - scale)
+    name = f"Decimal({precision}, {scale})"
+
+    def coerce(v: Any) -> Decimal:
+        d = _numeric(v)
+        if not d.is_finite() or d.adjusted() >= precision - scale + 1:
+            raise _Bad("out_of_range", f"{_show(v)} is out of range for {name}")
+        try:
+            q = d.quantize(quantum, context=_CH_DECIMAL_CONTEXT)
+        except InvalidOperation:
+            raise _Bad("out_of_range", f"{_show(v)} is out of range for {name}") from None
+        if abs(q) >= limit:
+            raise _Bad("out_of_range", f"{_show(v)} is out of range for {name}")
+        return q
+
+    return coerce
+
+
+def _ch_array(inner: ChType) -> Coercer:
+    element = _ch_coercer(inner)
+    nullable = inner.nullable
+
+    def coerce(v: Any) -> list[Any]:
+        if type(v) is not list:
+            raise _Bad("wrong_type", f"expected an array, got {_show(v)}")
+        out = []
+        for x in v:
+            if x is None:
+                if not nullable:
+                    raise _Bad("wrong_type", f"null element in a non-Nullable Array({inner.name})")
+                out.append(None)
+            else:
+                out.append(element(x))
+        return out
+
+    return coerce
+
+
+def _ch_coercer(t: ChType) -> Coercer:
+    """The coercer for a parsed ClickHouse type (``Nullable`` is handled by ``map``: None stays None)."""
+    kind = t.kind
+    if kind == "int":
+        return _int_coercer(t.name)
+    if kind == "float":
+        return _float_coercer(t.name)
+    if kind == "decimal":
+        return _ch_decimal(t.precision, t.scale)
+    if kind in ("nullable", "lowcardinality"):
+        assert t.inner is not None
+        return _ch_coercer(t.inner)
+    if kind == "array":
+        assert t.inner is not None
+        return _ch_array(t.inner)
+    simple: dict[str, Coercer] = {
+        "string": _ch_string,
+        "bool": _boolean,
+        "date": _ch_date,
+        "datetime64": _ch_datetime64,
+        "uuid": _uuid,
+        "json": _ch_json,
+    }
+    return simple[kind]
+
+
 # --------------------------------------------------------------------------- getters
 # A getter returns the raw value or None when the source is missing (or JSON null).
 
@@ -490,6 +608,17 @@ class Mapper:
     (default ``$.<name>``) and is coerced to ``spec.type``.
     ``key_path``: where the ordering key comes from; ``None`` means the Kafka
     message key.
+    ``dialect``: the type system of ``spec.type`` -- ``postgres`` (values for
+    psycopg) or ``clickhouse`` (values for clickhouse-connect: ``UInt8``..``Int64``
+    range-checked, ``Float32/64``, ``Decimal(P,S)`` rounded to S places and
+    range-checked, ``String``, ``LowCardinality(String)``, ``Bool``, ``Date``,
+    ``DateTime64(p)`` (aware UTC datetimes), ``UUID``, ``JSON`` (compact JSON
+    text for a String column), ``Nullable(T)``, ``Array(T)`` from a JSON array).
+    Default: each spec's ``dialect`` class attribute
+    (:class:`~ingest.config.ClickHouseColumnSpec` says ``clickhouse``), else
+    ``postgres``. A ClickHouse column that is neither Nullable nor an Array and
+    has no default is required (a missing value is a ``missing_field`` map
+    error rather than ClickHouse's silent zero); a missing Array is ``[]``.
 
     Raises ``ValueError`` for an unsupported column type, an invalid source or
     key path, or a default that is not valid for its column's type.
@@ -497,7 +626,10 @@ class Mapper:
 
     __slots__ = ("column_names", "column_types", "_plan", "_needs_json", "_needs_object", "_key_getter")
 
-    def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None) -> None:
+    def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None, *,
+                 dialect: str | None = None) -> None:
+        if dialect not in (None, "postgres", "clickhouse"):
+            raise ValueError(f"unknown dialect {dialect!r}")
         if not columns:
             raise ValueError("at least one column is required")
         sources = {name: spec.source or f"$.{name}" for name, spec in columns.items()}
@@ -513,11 +645,25 @@ class Mapper:
         plan = []
         types = []
         for name, spec in columns.items():
-            try:
-                base, full = pg_base_type(spec.type)
-            except ValueError as exc:
-                raise ValueError(f"column {name!r}: {exc}") from None
-            coerce = _coercer_for(base)
+            required = spec.required
+            implicit_default = None
+            if (dialect or getattr(spec, "dialect", "postgres")) == "clickhouse":
+                try:
+                    ch = ch_type(spec.type)
+                except ValueError as exc:
+                    raise ValueError(f"column {name!r}: {exc}") from None
+                base, full = "", ch.name
+                coerce = _ch_coercer(ch)
+                if ch.kind == "array":
+                    implicit_default = []
+                elif not ch.nullable and spec.default is None:
+                    required = True
+            else:
+                try:
+                    base, full = pg_base_type(spec.type)
+                except ValueError as exc:
+                    raise ValueError(f"column {name!r}: {exc}") from None
+                coerce = _coercer_for(base)
             source = sources[name]
             if source.startswith("$"):
                 getter = _path_getter(parsed[source], self._needs_object)
@@ -526,18 +672,19 @@ class Mapper:
                     getter = _metadata_getter(source, as_text=base != "bytea")
                 except ValueError as exc:
                     raise ValueError(f"column {name!r}: {exc}") from None
-            default = None
+            default = implicit_default
             if spec.default is not None:
                 try:
                     default = coerce(spec.default)
                 except _Bad as exc:
                     raise ValueError(f"column {name!r}: default is not a valid {full}: {exc.detail}") from None
-            plan.append((name, source, getter, coerce, default, spec.required))
+            plan.append((name, source, getter, coerce, default, required))
             types.append(full)
         self._plan: tuple[tuple[str, str, Getter, Coercer, Any, bool], ...] = tuple(plan)
         #: Column names in row order.
         self.column_names: tuple[str, ...] = tuple(columns)
-        #: Normalised PostgreSQL types in row order, e.g. ``('bigint', 'numeric(12,2)')``.
+        #: Normalised types in row order, e.g. ``('bigint', 'numeric(12,2)')`` or
+        #: ``('UInt64', 'Decimal(12, 2)')``.
         self.column_types: tuple[str, ...] = tuple(types)
 
         if key_path is None:

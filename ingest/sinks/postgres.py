@@ -115,6 +115,9 @@ class PostgresSink:
     Owns its connection pool (created lazily on first use, closed by ``close``).
     """
 
+    #: ``write`` ignores ``token``: the batch writer need not compute one.
+    dedup_tokens = False
+
     def __init__(self, cfg: PostgresSinkSettings, *, pool_size: int, name: str = "sink") -> None:
         self._cfg = cfg
         self._sql = UpsertStatements(cfg)
@@ -161,11 +164,14 @@ class PostgresSink:
                 self._pool = None
 
     # -- writing ----------------------------------------------------------------
-    def write(self, rows: Sequence[tuple[Any, ...]], tx_hook: TxHook | None = None) -> None:
+    def write(self, rows: Sequence[tuple[Any, ...]], tx_hook: TxHook | None = None, *,
+              token: str | None = None) -> None:
         """Write ``rows`` (deduplicated) in one transaction; see :class:`ingest.sinks.base.Sink`.
 
         ``tx_hook`` runs inside the same transaction after the rows (used for
-        exactly-once offset storage). Raises TransientError / PermanentError only.
+        exactly-once offset storage). ``token`` is accepted and ignored: the
+        upsert already makes a replayed batch a no-op. Raises TransientError /
+        PermanentError only.
         """
         if not rows and tx_hook is None:
             return

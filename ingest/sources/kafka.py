@@ -158,6 +158,16 @@ class KafkaSource:
         )
         return low, high
 
+    def cached_high(self, partition: Partition) -> int | None:
+        """The high watermark from the last fetch response (no broker round trip); None if unknown."""
+        try:
+            _, high = self._consumer.get_watermark_offsets(
+                TopicPartition(partition.topic, partition.partition), cached=True
+            )
+        except KafkaException:
+            return None
+        return high if high is not None and high >= 0 else None
+
     def close(self) -> None:
         """Leave the group (runs revoke callbacks). Idempotent."""
         if not self._closed:
