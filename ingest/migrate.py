@@ -11,6 +11,7 @@ lacks a unique index on the conflict key (the upsert would fail on every row).
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,15 @@ import psycopg
 from psycopg import sql
 
 from ingest.config import PipelineSettings, PostgresSink, pg_base_type
-from ingest.errors import ConfigError, ServiceUnreachable
+from ingest.errors import ConfigError, IngestError, ServiceUnreachable
 from ingest.sinks.pg_errors import classify
 
 SQL_DIR = Path(__file__).parent / "sql"
+
+
+class MigrationError(IngestError):
+    """The database refused a migration statement (exit 1, message names the pipeline and object)."""
+
 OFFSETS_TABLE = "ingest_offsets"
 
 
@@ -51,6 +57,20 @@ def sink_table_sql(cfg: PostgresSink) -> list[sql.Composable]:
     ]
 
 
+def derived_name(table: str, suffix: str) -> str:
+    """``<table>_<suffix>`` as a PostgreSQL name (≤ 63 bytes), distinct per suffix and never equal to ``table``.
+
+    Long names keep a byte-safe prefix of the table plus a short hash of the whole name.
+    """
+    name = f"{table}_{suffix}"
+    if len(name.encode()) <= 63:
+        return name
+    digest = hashlib.sha1(table.encode()).hexdigest()[:8]
+    room = 63 - len(suffix) - len(digest) - 2
+    prefix = table.encode()[:room].decode("utf-8", "ignore")
+    return f"{prefix}_{digest}_{suffix}"
+
+
 def dlq_table_sql(schema: str, table: str) -> list[sql.Composable]:
     return [
         sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)),
@@ -58,9 +78,9 @@ def dlq_table_sql(schema: str, table: str) -> list[sql.Composable]:
             "dlq_postgres.sql",
             schema=schema,
             table=table,
-            uniq=f"{table}_record_key"[:63],
-            idx_time=f"{table}_pipeline_time_idx"[:63],
-            idx_status=f"{table}_pipeline_status_idx"[:63],
+            uniq=derived_name(table, "record_key"),
+            idx_time=derived_name(table, "pipeline_time_idx"),
+            idx_status=derived_name(table, "pipeline_status_idx"),
         ),
     ]
 
@@ -98,7 +118,11 @@ def _execute(dsn: str, what: str, statements: list[sql.Composable]) -> None:
             for stmt in statements:
                 conn.execute(stmt)
     except psycopg.OperationalError as exc:
-        raise ServiceUnreachable(what, str(classify(exc))) from None
+        if getattr(exc, "sqlstate", None) is None or str(exc.sqlstate).startswith("08"):
+            raise ServiceUnreachable(what, str(classify(exc))) from None
+        raise MigrationError(f"{what}: {classify(exc)}") from None
+    except psycopg.Error as exc:
+        raise MigrationError(f"{what}: the database rejected the DDL: {classify(exc)}") from None
 
 
 def migrate_pipeline(p: PipelineSettings) -> list[str]:
