@@ -169,13 +169,24 @@ def _build_pipeline(settings: Settings, p: PipelineSettings, stop: threading.Eve
     if isinstance(p.sink, PostgresSink) and p.sink.on_conflict != "none":
         names = list(p.sink.columns)
         key_index = [names.index(k) for k in p.sink.conflict_key]
+    elif not isinstance(p.sink, PostgresSink):  # ClickHouse: collapse by the ReplacingMergeTree key
+        names = list(p.sink.columns)
+        key_index = [names.index(k) for k in p.sink.order_by]
+    exactly_once = None
+    offset_store = None
+    if isinstance(p.sink, PostgresSink) and p.sink.delivery == "exactly_once":
+        from ingest.exactly_once import StoredOffsets
+
+        exactly_once = sink.exactly_once_writer(pipeline=p.name, lanes=p.lanes, dlq=dlq)
+        offset_store = StoredOffsets(p.sink.dsn.get_secret_value(), p.sink.db_schema, p.name)
     writer = BatchWriter(pipeline=p.name, write=sink.write, dlq=dlq, retry=p.retry,
-                         conflict_key_index=key_index, abort=abort)
+                         conflict_key_index=key_index, abort=abort, exactly_once=exactly_once)
     source_factory = functools.partial(KafkaSource, settings.kafka, p.effective_group_id, list(p.topics))
     pipeline = Pipeline(
         p, source_factory=source_factory, writer=writer, stop=stop, abort=abort,
         consume_batch_size=settings.kafka.consume_batch_size, poll_timeout_ms=settings.kafka.poll_timeout_ms,
         until_idle_s=until_idle, metrics=metrics.pipeline(p.name) if metrics is not None else None,
+        offset_store=offset_store,
     )
     return pipeline, [sink, dlq]
 
@@ -197,6 +208,11 @@ def run(
         Optional[Path], typer.Option("--summary-json", help="Also write the exit summary as JSON to this file.")
     ] = None,
     log_level: LogLevelOpt = "info",
+    processes: Annotated[
+        int, typer.Option("--processes", envvar="INGEST_PROCESSES", min=1,
+                          help="Run this many worker processes in the same consumer groups "
+                               "(metrics port base+index; see ingest.supervisor).")
+    ] = 1,
 ) -> None:
     """Consume the configured topics and write them into their sinks until stopped.
 
@@ -207,6 +223,11 @@ def run(
     _setup_logs(log_level)
     settings = _load(config)
     selected = _select(settings, pipeline)
+    if processes > 1:
+        from ingest.supervisor import run_from_cli
+
+        raise typer.Exit(run_from_cli(settings, processes, until_idle=until_idle is not None,
+                                      metrics_port=metrics_port, summary_json=summary_json))
     stop, abort = threading.Event(), threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

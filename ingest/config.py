@@ -334,6 +334,9 @@ class PostgresSink(_SinkBase):
     #: ``copy``: COPY into a temp stage then INSERT .. SELECT .. ON CONFLICT (fastest);
     #: ``values``: multi-row INSERT .. VALUES (for poolers that forbid temp tables).
     write_method: Literal["copy", "values"] = "copy"
+    #: at_least_once: idempotent upserts, Kafka commits; exactly_once: offsets stored in the
+    #: same transaction as the rows (see ingest/exactly_once.py); needs the DLQ in this database.
+    delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -555,6 +558,15 @@ class PipelineSettings(Frozen):
     @property
     def effective_group_id(self) -> str:
         return self.group_id or f"ingest-{self.name}"
+
+    @model_validator(mode="after")
+    def _exactly_once(self) -> PipelineSettings:
+        if isinstance(self.sink, PostgresSink) and self.sink.delivery == "exactly_once":
+            if self.dlq.kind != "postgres":
+                raise ValueError("sink.delivery exactly_once needs dlq.kind postgres (DLQ rows join the transaction)")
+            if self.dlq.dsn is not None and self.dlq.dsn.get_secret_value() != self.sink.dsn.get_secret_value():
+                raise ValueError("sink.delivery exactly_once needs the DLQ in the sink database (omit dlq.dsn)")
+        return self
 
     @field_validator("key")
     @classmethod

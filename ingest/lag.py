@@ -235,6 +235,7 @@ class _ConsumerLike(Protocol):  # the parts of confluent_kafka.Consumer used her
 class _ProbeLike(Protocol):
     def assign(self, partitions: list[Any]) -> None: ...
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]: ...
+    def pause(self, partitions: list[Any]) -> None: ...
     def unassign(self) -> None: ...
 
 
@@ -334,13 +335,18 @@ def oldest_timestamps(probe: _ProbeLike, positions: Mapping[PartitionKey, int], 
                 missing = sorted(set(positions) - set(out))
                 log.debug("no record read in time for the time lag of %s", missing)
                 break
-            for msg in probe.consume(len(positions) - len(out), min(left, 0.5)):
+            # consume() waits for all num_messages or the timeout: keep each call short.
+            done: list[Any] = []
+            for msg in probe.consume(1000, min(left, 0.05)):
                 if msg.error() is not None:
                     continue
                 key = (msg.topic(), msg.partition())
                 if key in positions and key not in out:
                     ts_type, ts = msg.timestamp()
                     out[key] = ts if ts_type != TIMESTAMP_NOT_AVAILABLE and ts >= 0 else None
+                    done.append(TopicPartition(*key))
+            if done and len(out) < len(positions):
+                probe.pause(done)  # stop fetching partitions already answered
     finally:
         probe.unassign()
     return out
@@ -369,8 +375,10 @@ def _probe_config(kafka: KafkaSettings) -> dict[str, Any]:
         **consumer_config(kafka, f"ingest-lag-probe-{uuid.uuid4().hex[:12]}"),
         "auto.offset.reset": "earliest",
         "fetch.wait.max.ms": 100,
-        "queued.min.messages": 1,
+        # Small fetches: only the first record of each partition is wanted. (Do not
+        # cap queued.min.messages: librdkafka then backs off fetching for 1 s.)
         "fetch.message.max.bytes": 65536,
+        "fetch.queue.backoff.ms": 20,
     }
 
 

@@ -9,6 +9,7 @@ secret: adapters never put DSNs or credentials into log records.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 
@@ -17,11 +18,24 @@ import orjson
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()) | {"message", "asctime", "taskName"}
 
 
+def _process_index() -> int | None:
+    """``INGEST_PROCESS_INDEX`` of a child of ``ingest run --processes P`` (see ingest.supervisor)."""
+    try:
+        return int(os.environ["INGEST_PROCESS_INDEX"])
+    except (KeyError, ValueError):
+        return None
+
+
 def _fields(record: logging.LogRecord) -> dict[str, object]:
     return {k: v for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")}
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__()
+        #: worker process index under ``--processes`` (one shared stderr): a ``"process"`` key
+        self._process = _process_index()
+
     def format(self, record: logging.LogRecord) -> str:
         event: dict[str, object] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
@@ -30,14 +44,21 @@ class JsonFormatter(logging.Formatter):
             "event": record.getMessage(),
             **_fields(record),
         }
+        if self._process is not None:
+            event["process"] = self._process
         if record.exc_info:
             event["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(event, default=str).decode()
 
 
 class ConsoleFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__()
+        index = _process_index()
+        self._tag = "" if index is None else f" [p{index}]"
+
     def format(self, record: logging.LogRecord) -> str:
-        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created)) + self._tag
         extra = " ".join(f"{k}={v}" for k, v in _fields(record).items())
         line = f"{stamp} {record.levelname:<7} {record.getMessage()}" + (f"  {extra}" if extra else "")
         if record.exc_info:

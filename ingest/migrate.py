@@ -29,6 +29,7 @@ class MigrationError(IngestError):
     """The database refused a migration statement (exit 1, message names the pipeline and object)."""
 
 OFFSETS_TABLE = "ingest_offsets"
+LANE_OFFSETS_TABLE = "ingest_lane_offsets"
 
 
 def load_sql(name: str, **identifiers: str | tuple[str, ...]) -> sql.Composed:
@@ -86,7 +87,7 @@ def dlq_table_sql(schema: str, table: str) -> list[sql.Composable]:
 
 
 def offsets_table_sql(schema: str) -> sql.Composed:
-    return load_sql("offsets_postgres.sql", schema=schema, table=OFFSETS_TABLE)
+    return load_sql("offsets_postgres.sql", schema=schema, table=OFFSETS_TABLE, lane_table=LANE_OFFSETS_TABLE)
 
 
 def dlq_dsn(p: PipelineSettings) -> str:

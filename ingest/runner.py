@@ -52,6 +52,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ingest.config import PipelineSettings
 from ingest.core.batcher import FlushReason, RingBatcher
@@ -61,6 +62,7 @@ from ingest.core.offsets import OffsetTracker
 from ingest.core.routing import LaneRouter
 from ingest.errors import FatalPipelineError, InvalidRecord, TransientError
 from ingest.metrics import Metrics, PipelineMetrics
+from ingest.retry import retrying
 from ingest.sources.kafka import KafkaSource
 from ingest.types import Failure, Item, Partition, Record
 from ingest.writer import BatchWriter, Completion
@@ -82,6 +84,8 @@ class PipelineStats:
     rows_written: int = 0
     dead_lettered: Counter[tuple[str, str]] = field(default_factory=Counter)
     skipped: int = 0
+    #: exactly-once: records re-read after a restart that the database already had
+    already_written: int = 0
     batches: int = 0
     flushes: Counter[str] = field(default_factory=Counter)
     retries: int = 0
@@ -112,6 +116,7 @@ class PipelineStats:
             "dead_lettered": self.dead_lettered_total,
             "dead_lettered_by_class": {f"{k[0]}/{k[1]}": v for k, v in self.dead_lettered.items()},
             "skipped": self.skipped,
+            "already_written": self.already_written,
             "batches": self.batches,
             "flushes": dict(self.flushes),
             "retries": self.retries,
@@ -161,11 +166,14 @@ class Pipeline:
         until_idle_s: float | None = None,
         on_progress: Callable[[PipelineStats], None] | None = None,
         metrics: PipelineMetrics | None = None,
+        offset_store: Any | None = None,
     ) -> None:
         self.settings = settings
         self.stats = PipelineStats()
         self.metrics = metrics or Metrics().pipeline(settings.name)
         self._health = self.metrics.health
+        #: exactly-once mode: where the contiguous watermark lives (ingest.exactly_once.StoredOffsets)
+        self._offset_store = offset_store
         self._source_factory = source_factory
         self._writer = writer
         self._stop = stop
@@ -201,14 +209,21 @@ class Pipeline:
 
     # -- rebalance callbacks (run inside source.poll on this thread) ---------------
     def _on_assign(self, partitions: list[Partition]) -> dict[Partition, int] | None:
+        seek_to: dict[Partition, int] | None = None
+        if self._offset_store is not None:
+            # Exactly-once: the database, not Kafka, says where to resume.
+            for attempt in retrying(self.settings.retry, what="load stored offsets", should_stop=self._abort.is_set):
+                with attempt:
+                    seek_to = self._offset_store.load(partitions)
         for tp in partitions:
             self._tracker.assign(tp)
-        self._assigned_once = True
+        self._assigned_once = self._assigned_once or bool(partitions)
         self._last_activity_ms = monotonic_ms()
         self._health.assigned = len(self._tracker.partitions())
         self.metrics.assigned.set(self._health.assigned)
-        log.info("partitions assigned", extra={"pipeline": self.settings.name, "partitions": [str(p) for p in partitions]})
-        return None
+        log.info("partitions assigned", extra={"pipeline": self.settings.name, "partitions": [str(p) for p in partitions],
+                                               "seek_to": {str(k): v for k, v in (seek_to or {}).items()}})
+        return seek_to
 
     def _on_revoke(self, partitions: list[Partition]) -> None:
         log.info("partitions revoked", extra={"pipeline": self.settings.name, "partitions": [str(p) for p in partitions]})
@@ -285,6 +300,8 @@ class Pipeline:
         batchers = self._batchers
         max_rows = self.settings.batch.max_rows
         skip_tombstones = self.settings.tombstones == "skip"
+        deterministic = self._offset_store is not None  # exactly-once needs replay-stable routing
+        n_lanes = len(batchers)
         self.stats.records_consumed += len(records)
         self.metrics.records_consumed.inc(len(records))
         last_key: tuple[str, int] | None = None
@@ -316,7 +333,7 @@ class Pipeline:
             except InvalidRecord as exc:
                 item = Item(rec, None, Failure(exc.stage, exc.error_class, exc.message), epoch, size)
                 key = rec.key
-            lane = lane_of(key)
+            lane = lane_of(key) if key is not None or not deterministic else rec.offset % n_lanes
             batcher = batchers[lane]
             if not batcher.fits(size):
                 self._dispatch(lane, FlushReason.SIZE if len(batcher) >= max_rows else FlushReason.BYTES)
@@ -376,6 +393,7 @@ class Pipeline:
         stats.dead_lettered.update(c.dead_lettered)
         stats.retries += c.retries
         stats.write_calls += c.write_calls
+        stats.already_written += c.skipped
         m = self.metrics
         m.batch_rows.observe(c.records)
         m.batch_bytes.observe(c.size_bytes)
@@ -433,6 +451,12 @@ class Pipeline:
             candidates = {tp: off for tp, off in candidates.items() if tp in only}
         if not candidates:
             return
+        if self._offset_store is not None:
+            try:
+                self._offset_store.save(candidates)
+            except TransientError as exc:
+                log.warning("storing offsets failed; will retry", extra={"pipeline": self.settings.name, "error": str(exc)})
+                return
         try:
             self._source.commit(candidates)
         except TransientError as exc:
@@ -461,6 +485,10 @@ class Pipeline:
 
     def _idle(self, now_ms: int) -> bool:
         if self._until_idle_ms is None or not self._assigned_once:
+            return False
+        if not self._tracker.partitions():
+            # An empty assignment (e.g. a rebalance still settling) is not "drained"; closing now
+            # could also leave this broker's group mid-join.
             return False
         if self._in_flight_records > 0:
             return False

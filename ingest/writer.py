@@ -40,6 +40,10 @@ from ingest.types import Failure, Item, Partition
 
 log = logging.getLogger(__name__)
 
+#: Exactly-once batch: (lane, items, plan) -> (rows written, DLQ entries, write calls, skipped records),
+#: all in one transaction (see ingest.exactly_once and PostgresSink.exactly_once_writer).
+ExactlyOnceFn = Callable[..., tuple[int, list[Any], int, int]]
+
 #: A sink write: rows in one transaction (see ingest.sinks.base.Sink.write). When it has a
 #: ``token`` parameter it also gets ``token=`` (ingest.sinks.base.dedup_token of the rows' records),
 #: unless it is a method of an object whose ``dedup_tokens`` attribute is False (PostgresSink:
@@ -73,6 +77,8 @@ class Completion:
     duration_s: float = 0.0
     #: oldest record timestamp (ms) in the batch, for end-to-end latency
     min_timestamp_ms: int | None = None
+    #: records found already written by an earlier run (exactly-once mode)
+    skipped: int = 0
     error: BaseException | None = None
 
 
@@ -88,6 +94,7 @@ class BatchWriter:
         retry: RetrySettings,
         conflict_key_index: Sequence[int] | None,
         abort: threading.Event,
+        exactly_once: ExactlyOnceFn | None = None,
     ) -> None:
         self._pipeline = pipeline
         self._write = write
@@ -96,6 +103,7 @@ class BatchWriter:
         self._retry = retry
         self._key_index = tuple(conflict_key_index) if conflict_key_index else None
         self._abort = abort
+        self._exactly_once = exactly_once
 
     def _retrying(self, what: str, counter: list[int]) -> Retrying:
         def count() -> None:
@@ -105,68 +113,54 @@ class BatchWriter:
                         should_stop=self._abort.is_set)
 
     # -- the batch -----------------------------------------------------------------
+    def plan(self, items: Sequence[Item]) -> tuple[list[DlqEntry], list[tuple[Any, ...]], list[list[Item]]]:
+        """Split a batch into DLQ entries (pre-failed items), rows to write, and the items behind each row.
+
+        Rows with the same conflict key collapse into one, the latest consumed item winning.
+        """
+        failures: list[DlqEntry] = []
+        rows: list[tuple[Any, ...]] = []
+        row_items: list[list[Item]] = []
+        groups: dict[Any, list[Item]] = {}
+        key_index = self._key_index
+        for item in items:
+            if item.failure is not None:
+                failures.append(DlqEntry(self._pipeline, item.record, item.failure))
+                continue
+            row = item.row
+            assert row is not None
+            if key_index is None:
+                rows.append(row)
+                row_items.append([item])
+                continue
+            key = tuple(row[i] for i in key_index)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [item]
+            else:
+                group.append(item)
+        for group in groups.values():
+            rows.append(group[-1].row)  # type: ignore[arg-type]
+            row_items.append(group)
+        return failures, rows, row_items
+
     def handle(self, lane: int, items: Sequence[Item], reason: str) -> Completion:
         """Write one batch; never raises (errors are returned in the completion)."""
         started = time.perf_counter()
         result = Completion(lane=lane, reason=reason, records=len(items))
+        for item in items:
+            result.size_bytes += item.size_bytes
+            ts = item.record.timestamp_ms
+            if ts is not None and (result.min_timestamp_ms is None or ts < result.min_timestamp_ms):
+                result.min_timestamp_ms = ts
         retries = [0]
         try:
-            failures: list[DlqEntry] = []
-            groups: dict[Any, list[Item]] = {}
-            rows: list[tuple[Any, ...]] = []
-            row_items: list[list[Item]] = []
-            for item in items:
-                result.size_bytes += item.size_bytes
-                ts = item.record.timestamp_ms
-                if ts is not None and (result.min_timestamp_ms is None or ts < result.min_timestamp_ms):
-                    result.min_timestamp_ms = ts
-                if item.failure is not None:
-                    failures.append(DlqEntry(self._pipeline, item.record, item.failure))
-                    continue
-                assert item.row is not None
-                if self._key_index is None:
-                    rows.append(item.row)
-                    row_items.append([item])
-                    continue
-                key = tuple(item.row[i] for i in self._key_index)
-                group = groups.get(key)
-                if group is None:
-                    groups[key] = [item]
-                else:
-                    group.append(item)
-            if self._key_index is not None:
-                for group in groups.values():
-                    rows.append(group[-1].row)  # type: ignore[arg-type]
-                    row_items.append(group)
-
-            calls = [0]
-
-            def write_piece(piece: Sequence[int]) -> None:
-                batch_rows = [rows[i] for i in piece]
-                kwargs = {}
-                if self._pass_token:
-                    kwargs["token"] = dedup_token(self._pipeline, (it for i in piece for it in row_items[i]))
-                for attempt in self._retrying("sink write", retries):
-                    with attempt:
-                        calls[0] += 1
-                        self._write(batch_rows, **kwargs)
-
-            poison = write_isolating(range(len(rows)), write_piece)
-            result.write_calls = calls[0]
-            poison_idx = set()
-            for index, exc in poison:
-                poison_idx.add(index)
-                winner = row_items[index][-1]
-                failures.append(DlqEntry(self._pipeline, winner.record, _write_failure(exc)))
-            result.rows_written = len(rows) - len(poison_idx)
-
-            if failures:
-                for attempt in self._retrying("dlq write", retries):
-                    with attempt:
-                        self._dlq.put(failures)
-                for entry in failures:
-                    result.dead_lettered[(entry.failure.stage, entry.failure.error_class)] += 1
-
+            if self._exactly_once is not None:
+                failures = self._handle_exactly_once(lane, items, result, retries)
+            else:
+                failures = self._handle_at_least_once(items, result, retries)
+            for entry in failures:
+                result.dead_lettered[(entry.failure.stage, entry.failure.error_class)] += 1
             for item in items:
                 result.done.setdefault((item.record.tp, item.epoch), []).append(item.record.offset)
         except (TransientError, PermanentError) as exc:
@@ -183,6 +177,44 @@ class BatchWriter:
         result.retries = retries[0]
         result.duration_s = time.perf_counter() - started
         return result
+
+    def _handle_at_least_once(self, items: Sequence[Item], result: Completion, retries: list[int]) -> list[DlqEntry]:
+        failures, rows, row_items = self.plan(items)
+        calls = [0]
+
+        def write_piece(piece: Sequence[int]) -> None:
+            batch_rows = [rows[i] for i in piece]
+            kwargs = {}
+            if self._pass_token:
+                kwargs["token"] = dedup_token(self._pipeline, (it for i in piece for it in row_items[i]))
+            for attempt in self._retrying("sink write", retries):
+                with attempt:
+                    calls[0] += 1
+                    self._write(batch_rows, **kwargs)
+
+        poison = write_isolating(range(len(rows)), write_piece)
+        result.write_calls = calls[0]
+        for index, exc in poison:
+            failures.append(DlqEntry(self._pipeline, row_items[index][-1].record, _write_failure(exc)))
+        result.rows_written = len(rows) - len(poison)
+        if failures:
+            for attempt in self._retrying("dlq write", retries):
+                with attempt:
+                    self._dlq.put(failures)
+        return failures
+
+    def _handle_exactly_once(self, lane: int, items: Sequence[Item], result: Completion,
+                             retries: list[int]) -> list[DlqEntry]:
+        """One transaction for rows, DLQ entries and lane offsets (see ingest.exactly_once)."""
+        eo = self._exactly_once
+        assert eo is not None
+        for attempt in self._retrying("exactly-once batch", retries):
+            with attempt:
+                written, failures, calls, skipped = eo(lane, items, self.plan)
+        result.rows_written = written
+        result.write_calls = calls
+        result.skipped = skipped
+        return failures
 
 
 def _write_failure(exc: PermanentError) -> Failure:

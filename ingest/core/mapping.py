@@ -442,7 +442,7 @@ def _ch_decimal(precision: int, scale: int) -> Coercer:
             q = d.quantize(quantum, context=_CH_DECIMAL_CONTEXT)
         except InvalidOperation:
             raise _Bad("out_of_range", f"{_show(v)} is out of range for {name}") from None
-        if abs(q) >= limit:
+        if q.copy_abs() >= limit:
             raise _Bad("out_of_range", f"{_show(v)} is out of range for {name}")
         return q
 

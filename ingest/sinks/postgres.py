@@ -194,6 +194,44 @@ class PostgresSink:
             # A value psycopg could not adapt: the row itself is at fault.
             raise PermanentError(f"cannot send value: {exc}", error_class="client_data_error") from exc
 
+    def exactly_once_writer(self, *, pipeline: str, lanes: int, dlq: Any) -> Callable[..., Any]:
+        """A function running one lane batch as a single exactly-once transaction (see ingest.exactly_once).
+
+        ``dlq`` must be a PostgresDlq in this database: its rows join the transaction.
+        """
+        from ingest.dlq.base import DlqEntry
+        from ingest.dlq.postgres import entry_row
+        from ingest.exactly_once import LaneOffsets, write_batch_exactly_once
+        from ingest.types import Failure
+
+        lane_offsets = LaneOffsets(self._cfg.db_schema, pipeline, lanes)
+
+        def put_dlq(conn: psycopg.Connection[Any], entries: list[Any]) -> None:
+            with conn.cursor() as cur:
+                dlq.put_in(cur, [entry_row(e) for e in entries])
+
+        def write_failure(item: Any, exc: PermanentError) -> Any:
+            return DlqEntry(pipeline, item.record, Failure("write", exc.error_class, str(exc), exc.sqlstate))
+
+        def run(lane: int, items: Sequence[Any], plan: Callable[..., Any]) -> tuple[int, list[Any], int, int]:
+            try:
+                with self._get_pool().connection() as conn, conn.transaction():
+                    result = write_batch_exactly_once(
+                        conn, lane=lane, items=items, lane_offsets=lane_offsets, plan=plan,
+                        write_rows=self._write_rows, put_dlq=put_dlq, write_failure=write_failure,
+                    )
+                    return result
+            except PoolTimeout as exc:
+                raise TransientError(f"no database connection available: {exc}", error_class="pool_timeout") from None
+            except (TransientError, PermanentError):
+                raise
+            except psycopg.Error as exc:
+                err = classify(exc)
+                # Outside the savepoints (offsets, DLQ rows) nothing is the data's fault: retry.
+                raise TransientError(str(err), sqlstate=err.sqlstate, error_class="exactly_once_tx") from exc
+
+        return run
+
     def _write_rows(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
         with conn.cursor() as cur:
             if self._cfg.write_method == "copy":

@@ -1,5 +1,5 @@
 -- Offsets stored beside the rows (exactly-once delivery): one row per partition.
--- {schema} and {table} are replaced by quoted identifiers.
+-- {schema}, {table} and {lane_table} are replaced by quoted identifiers.
 CREATE TABLE IF NOT EXISTS {schema}.{table} (
     pipeline    text        NOT NULL,
     topic       text        NOT NULL,
@@ -7,4 +7,18 @@ CREATE TABLE IF NOT EXISTS {schema}.{table} (
     next_offset bigint      NOT NULL,
     updated_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (pipeline, topic, "partition")
+);
+
+-- Exactly-once delivery, per lane: every record of (topic, partition) routed to
+-- `lane` (of `lanes`) with offset < next_offset is in the sink table or the DLQ.
+-- Written in the same transaction as the rows (see ingest/exactly_once.py).
+CREATE TABLE IF NOT EXISTS {schema}.{lane_table} (
+    pipeline    text        NOT NULL,
+    topic       text        NOT NULL,
+    "partition" integer     NOT NULL,
+    lanes       integer     NOT NULL,
+    lane        integer     NOT NULL,
+    next_offset bigint      NOT NULL,
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline, topic, "partition", lanes, lane)
 );

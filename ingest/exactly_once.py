@@ -1,0 +1,177 @@
+"""Exactly-once into PostgreSQL: offsets stored in the same transaction as the rows.
+
+With idempotent upserts a keyed table is effectively-once anyway; an
+append-only table (``on_conflict: none``) is not: a crash between the database
+commit and the Kafka offset commit inserts the batch again. With
+``sink.delivery: exactly_once`` every batch transaction also records which
+offsets it covers, and the consumer restarts from what the database says.
+
+Design
+------
+Lanes complete out of order, so no single "next offset" can be written by a
+lane transaction. But *within one lane* the records of a partition are
+written in offset order (a lane is FIFO and receives each partition's records
+in consumption order). So each lane transaction keeps, per (partition, lane),
+``next_offset`` = one past the highest offset of that partition the lane has
+written, in table ``ingest_lane_offsets`` keyed by (pipeline, topic, partition,
+lanes, lane). The invariant: *every record of partition p routed to lane L with
+offset < next_offset[p, L] is in the table or the DLQ.*
+
+A lane transaction, in order:
+
+1. ``SELECT … FOR UPDATE`` the (p, L) rows of the partitions in the batch
+   (serialising it against a zombie writer of the same lane);
+2. drop the batch's records below the stored ``next_offset`` -- already
+   written by an earlier incarnation -- and count them as done;
+3. write the rows; a permanent error is isolated with SAVEPOINTs (halves,
+   down to single rows) *inside* the transaction, so the good rows, the DLQ
+   rows of the poison ones and the new offsets commit together or not at all;
+4. insert the DLQ entries (DLQ table in the same database, same transaction);
+5. upsert ``next_offset[p, L]`` to one past the batch's highest offset of p.
+
+The pipeline thread additionally stores the contiguous watermark per
+partition in ``ingest_offsets`` on every commit tick (before the advisory
+Kafka commit). On assignment the consumer seeks to that watermark: everything
+below it is handled, and everything above it is either below its lane's
+``next_offset`` (skipped by step 2) or not yet written. Routing must be
+deterministic for step 2 to be right: keyed records use the stable key hash;
+unkeyed records go to lane ``offset % lanes``. Changing ``lanes`` between runs
+is safe only after a clean stop (which stores the watermark at the end).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ingest.core.isolation import write_isolating
+from ingest.errors import PermanentError
+from ingest.sinks.pg_errors import classify
+from ingest.types import Item, Partition
+
+LANE_OFFSETS_TABLE = "ingest_lane_offsets"
+OFFSETS_TABLE = "ingest_offsets"
+
+
+class LaneOffsets:
+    """SQL for the per-(partition, lane) offsets of one pipeline."""
+
+    def __init__(self, schema: str, pipeline: str, lanes: int) -> None:
+        self.pipeline = pipeline
+        self.lanes = lanes
+        t = sql.Identifier(schema, LANE_OFFSETS_TABLE)
+        self._ensure = sql.SQL(
+            'INSERT INTO {t} (pipeline, topic, "partition", lanes, lane, next_offset) VALUES (%s, %s, %s, %s, %s, 0) '
+            "ON CONFLICT DO NOTHING"
+        ).format(t=t)
+        self._lock = sql.SQL(
+            'SELECT topic, "partition", next_offset FROM {t} WHERE pipeline = %s AND lanes = %s AND lane = %s '
+            'AND (topic, "partition") IN (SELECT * FROM unnest(%s::text[], %s::int[])) '
+            'ORDER BY topic, "partition" FOR UPDATE'
+        ).format(t=t)
+        self._advance = sql.SQL(
+            'UPDATE {t} SET next_offset = GREATEST(next_offset, %s), updated_at = now() '
+            'WHERE pipeline = %s AND topic = %s AND "partition" = %s AND lanes = %s AND lane = %s'
+        ).format(t=t)
+
+    def lock(self, conn: psycopg.Connection[Any], lane: int, tps: Sequence[Partition]) -> dict[Partition, int]:
+        """Create missing rows, lock them, return the stored next offsets."""
+        with conn.cursor() as cur:
+            cur.executemany(self._ensure, [(self.pipeline, tp.topic, tp.partition, self.lanes, lane) for tp in tps])
+            cur.execute(self._lock, (self.pipeline, self.lanes, lane, [tp.topic for tp in tps],
+                                     [tp.partition for tp in tps]))
+            return {Partition(topic, part): off for topic, part, off in cur.fetchall()}
+
+    def advance(self, conn: psycopg.Connection[Any], lane: int, next_offsets: dict[Partition, int]) -> None:
+        with conn.cursor() as cur:
+            cur.executemany(
+                self._advance,
+                [(off, self.pipeline, tp.topic, tp.partition, self.lanes, lane) for tp, off in next_offsets.items()],
+            )
+
+
+class StoredOffsets:
+    """The contiguous watermark per partition in ``ingest_offsets`` (read on assign, written per commit tick)."""
+
+    def __init__(self, dsn: str, schema: str, pipeline: str) -> None:
+        self._dsn = dsn
+        self._pipeline = pipeline
+        t = sql.Identifier(schema, OFFSETS_TABLE)
+        self._select = sql.SQL(
+            'SELECT topic, "partition", next_offset FROM {t} WHERE pipeline = %s '
+            'AND (topic, "partition") IN (SELECT * FROM unnest(%s::text[], %s::int[]))'
+        ).format(t=t)
+        self._upsert = sql.SQL(
+            'INSERT INTO {t} (pipeline, topic, "partition", next_offset) VALUES (%s, %s, %s, %s) '
+            'ON CONFLICT (pipeline, topic, "partition") DO UPDATE '
+            "SET next_offset = GREATEST({t}.next_offset, EXCLUDED.next_offset), updated_at = now()"
+        ).format(t=t)
+
+    def load(self, tps: Iterable[Partition]) -> dict[Partition, int]:
+        """Raises TransientError when the database is unreachable (the caller retries)."""
+        tps = list(tps)
+        try:
+            with psycopg.connect(self._dsn, connect_timeout=10) as conn:
+                rows = conn.execute(self._select, (self._pipeline, [t.topic for t in tps],
+                                                   [t.partition for t in tps])).fetchall()
+        except psycopg.Error as exc:
+            raise classify(exc) from exc
+        return {Partition(topic, part): off for topic, part, off in rows}
+
+    def save(self, watermarks: dict[Partition, int]) -> None:
+        if not watermarks:
+            return
+        try:
+            with psycopg.connect(self._dsn, connect_timeout=10) as conn, conn.transaction(), conn.cursor() as cur:
+                cur.executemany(self._upsert, [(self._pipeline, tp.topic, tp.partition, off)
+                                               for tp, off in watermarks.items()])
+        except psycopg.Error as exc:
+            raise classify(exc) from exc
+
+
+def write_batch_exactly_once(
+    conn: psycopg.Connection[Any],
+    *,
+    lane: int,
+    items: Sequence[Item],
+    lane_offsets: LaneOffsets,
+    plan: Callable[[Sequence[Item]], tuple[list[Any], list[tuple[Any, ...]], list[list[Item]]]],
+    write_rows: Callable[[psycopg.Connection[Any], Sequence[tuple[Any, ...]]], None],
+    put_dlq: Callable[[psycopg.Connection[Any], list[Any]], None],
+    write_failure: Callable[[Item, PermanentError], Any],
+) -> tuple[int, list[Any], int, int]:
+    """Run steps 1-5 of the module docstring inside ``conn``'s open transaction.
+
+    ``plan(items)`` returns (DLQ entries of pre-failed items, rows, items per row).
+    Returns (rows written, DLQ entries, write statements, records skipped as
+    already written). Raises TransientError / PermanentError from the database;
+    the caller's transaction then rolls back whole.
+    """
+    high: dict[Partition, int] = {}
+    for item in items:
+        tp = item.record.tp
+        if item.record.offset + 1 > high.get(tp, -1):
+            high[tp] = item.record.offset + 1
+    stored = lane_offsets.lock(conn, lane, sorted(high))
+    fresh = [it for it in items if it.record.offset >= stored.get(it.record.tp, 0)]
+    failures, rows, row_items = plan(fresh)
+    calls = [0]
+
+    def savepoint_write(piece: Sequence[int]) -> None:
+        calls[0] += 1
+        try:
+            with conn.transaction():  # a SAVEPOINT inside the batch transaction
+                write_rows(conn, [rows[i] for i in piece])
+        except psycopg.Error as exc:
+            raise classify(exc) from exc
+
+    poison = write_isolating(range(len(rows)), savepoint_write)
+    for index, exc in poison:
+        failures.append(write_failure(row_items[index][-1], exc))
+    if failures:
+        put_dlq(conn, failures)
+    lane_offsets.advance(conn, lane, high)
+    return len(rows) - len(poison), failures, calls[0], len(items) - len(fresh)

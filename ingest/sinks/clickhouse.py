@@ -1,0 +1,387 @@
+"""ClickHouse sink: one columnar insert per batch into a ``ReplacingMergeTree`` table.
+
+Write path: the batch (already collapsed by ``order_by`` key in the writer,
+the last consumed record of each key winning) is transposed into columns and
+sent with one ``client.insert(..., column_oriented=True, column_names=...,
+column_type_names=...)``: types are passed explicitly, so no ``DESCRIBE`` round
+trip is needed, and the values are exactly what the mapper produced for those
+types (``ingest.core.mapping``, ClickHouse dialect: range-checked, so the
+Native encoder never wraps a value silently).
+
+Guarantees, honestly:
+
+- **At least once from Kafka**: offsets are committed only after the insert
+  returned, so a crash replays the uncommitted records.
+- **Effectively once in the table, at read time**: the table is
+  ``ReplacingMergeTree(version)`` ordered by ``order_by``. A replayed record
+  inserts a second copy of a row with the same key and version; background
+  merges collapse copies to one row per key (the highest version, the last
+  inserted among equal versions) *eventually*. Queries are exact with
+  ``SELECT ... FINAL`` (or after ``OPTIMIZE TABLE ... FINAL``); without FINAL a
+  query may see duplicates until parts merge.
+- **What the insert token adds**: every insert carries
+  ``insert_deduplication_token`` = :func:`ingest.sinks.base.dedup_token` of the
+  exact (topic, partition, offset) set behind its rows. When a batch is retried
+  unchanged (the insert timed out or the connection broke after the server
+  committed it, or clickhouse-connect replayed it after a remote close), the
+  server recognises the token and drops the second insert: no duplicate part is
+  written at all. The table remembers the last ``deduplication_window`` tokens
+  (``non_replicated_deduplication_window`` / ``replicated_deduplication_window``).
+  A replay after a restart usually forms *different* batches, hence other
+  tokens: those copies are the ones ReplacingMergeTree collapses. Servers
+  without the setting (before 22.2) get no token.
+- **Version**: ``version_column`` (UInt*, Date or DateTime64) decides which
+  row wins; by default a hidden ``_version UInt64`` column holds the Kafka
+  offset, which orders records of one partition -- fine when a key always maps
+  to one partition (keyed topics), wrong otherwise (then configure a column).
+- **Atomicity**: an insert of one block (<= ``max_insert_block_size`` rows,
+  1M by default; a batch is far smaller) is atomic. A failed insert is retried
+  or split whole (shared isolation in ``ingest.core.isolation``); re-inserting
+  rows that did land is harmless for the reasons above.
+
+Connections: ``http(s)://`` URLs use clickhouse-connect's HTTP client (one
+client shared by the lanes; no session id, so concurrent inserts are fine).
+``chdb://path`` / ``chdb://memory`` use its in-process chDB backend (modern
+ClickHouse in this process; one engine path per process, so the process must
+own the path; calls are serialised). A server older than
+:data:`MIN_SERVER_VERSION` is refused with a clear message (clickhouse-connect
+cannot even finish its start-up query against e.g. 18.16, and the insert
+token needs 22.2+).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from ingest.config import ClickHouseSink as ClickHouseSinkSettings
+from ingest.config import PipelineSettings, ch_type
+from ingest.errors import ConfigError, IngestError, PermanentError, ServiceUnreachable, TransientError
+from ingest.sinks.ch_errors import classify
+
+log = logging.getLogger(__name__)
+
+#: Oldest ClickHouse server this sink supports: an LTS with insert_deduplication_token (22.2+),
+#: non_replicated_deduplication_window, Bool and the system.settings.readonly column that
+#: clickhouse-connect's start-up query reads.
+MIN_SERVER_VERSION: tuple[int, int] = (22, 8)
+_MIN_TEXT = ".".join(map(str, MIN_SERVER_VERSION))
+
+#: Builds a connected clickhouse-connect client (tests inject one; see ``client_factory``).
+ClientFactory = Callable[[], Any]
+
+
+# --------------------------------------------------------------------------- SQL text helpers
+
+
+def quote_ident(name: str) -> str:
+    """A ClickHouse identifier in backquotes (backslash and backquote escaped)."""
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+def quote_str(value: str) -> str:
+    """A ClickHouse string literal in single quotes."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``'24.8.4.13'`` -> ``(24, 8, 4, 13)``; stops at the first part that is not a number."""
+    parts: list[int] = []
+    for piece in text.strip().split("."):
+        if not piece.isdigit():
+            break
+        parts.append(int(piece))
+    return tuple(parts)
+
+
+def is_chdb_url(url: str) -> bool:
+    return url.startswith("chdb:")
+
+
+def redact_url(url: str) -> str:
+    """The URL without user info (a password could be written there by mistake)."""
+    if is_chdb_url(url):
+        return url
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def too_old_message(version: str) -> str:
+    try:
+        from clickhouse_connect import __version__ as cc_version  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover
+        cc_version = "?"
+    return (
+        f"ClickHouse server version {version} is older than the minimum supported {_MIN_TEXT} "
+        f"(clickhouse-connect {cc_version} cannot connect to it -- its start-up query reads "
+        "system.settings.readonly -- and insert_deduplication_token needs 22.2+); "
+        f"upgrade the server to {_MIN_TEXT} or later"
+    )
+
+
+def server_version_http(cfg: ClickHouseSinkSettings, timeout_s: float | None = None) -> str:
+    """Ask an HTTP(S) server for ``version()`` with a plain request (works on every version).
+
+    Raises clickhouse-connect-independent errors: urllib3 errors when unreachable,
+    ``RuntimeError`` with the server's text when it answers with an error.
+    """
+    import urllib3
+
+    parts = urlsplit(cfg.url)
+    base = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path.rstrip("/"), "", ""))
+    headers = urllib3.make_headers(basic_auth=f"{cfg.user}:{cfg.password.get_secret_value()}")
+    timeout = timeout_s or cfg.connect_timeout_s
+    with urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=timeout, read=timeout)) as http:
+        resp = http.request("GET", f"{base}/", fields={"query": "SELECT version()"}, headers=headers)
+    body = resp.data.decode("utf-8", "replace").strip()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {body[:300]}")
+    return body
+
+
+def _too_old(version: str) -> bool:
+    parsed = parse_version(version)
+    return bool(parsed) and parsed[:2] < MIN_SERVER_VERSION
+
+
+# --------------------------------------------------------------------------- the sink
+
+
+class ClickHouseSink:
+    """Writes batches into one ClickHouse table; see the module docstring for the guarantees.
+
+    Thread-safe. ``client_factory`` replaces how the clickhouse-connect client is
+    built (tests use it for a server clickhouse-connect cannot connect to on its
+    own); without it an ``http(s)`` server is first asked for its version, and
+    one older than :data:`MIN_SERVER_VERSION` is refused. Construction probes an
+    HTTP server once (so ``ingest run`` fails at start-up, with a clear message,
+    against a too-old server) but tolerates an unreachable one: writes retry.
+    """
+
+    def __init__(self, cfg: ClickHouseSinkSettings, *, pipeline: str,
+                 client_factory: ClientFactory | None = None) -> None:
+        self._cfg = cfg
+        self._pipeline = pipeline
+        self._factory = client_factory
+        self._columns = list(cfg.columns)
+        self._types = [ch_type(spec.type).ddl for spec in cfg.columns.values()]
+        self._client: Any = None
+        self._token_supported = False
+        self._chdb = is_chdb_url(cfg.url)
+        self._lock = threading.Lock()  # client creation; every call too for chDB
+        self.name = f"clickhouse sink {cfg.database}.{cfg.table} at {redact_url(cfg.url)}"
+        #: inserts sent (for tests and metrics)
+        self.inserts = 0
+        if client_factory is None and not self._chdb:
+            try:
+                version = server_version_http(cfg, timeout_s=min(3.0, cfg.connect_timeout_s))
+            except Exception:  # noqa: BLE001 - unreachable now: writes will retry, check() reports it
+                version = None
+            if version is not None and _too_old(version):
+                raise ServiceUnreachable(self.name, too_old_message(version))
+
+    # -- connection ---------------------------------------------------------------
+    def _connect(self) -> Any:
+        if self._factory is not None:
+            return self._factory()
+        import clickhouse_connect
+
+        cfg = self._cfg
+        if self._chdb:
+            return clickhouse_connect.get_client(dsn=cfg.url)
+        try:
+            version = server_version_http(cfg)
+        except RuntimeError as exc:  # the server answered with an error (e.g. bad password)
+            raise classify(exc) from None
+        if _too_old(version):
+            raise TransientError(too_old_message(version), error_class="server_too_old")
+        parts = urlsplit(cfg.url)
+        secure = parts.scheme == "https"
+        return clickhouse_connect.get_client(
+            interface=parts.scheme,
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or (8443 if secure else 8123),
+            username=cfg.user,
+            password=cfg.password.get_secret_value(),
+            compress=False if cfg.compression == "none" else cfg.compression,
+            connect_timeout=cfg.connect_timeout_s,
+            send_receive_timeout=cfg.send_receive_timeout_s,
+            autogenerate_session_id=False,
+            query_retries=0,
+        )
+
+    def client(self) -> Any:
+        """The connected client (connecting on first use). Raises TransientError / PermanentError."""
+        with self._lock:
+            if self._client is None:
+                try:
+                    client = self._connect()
+                except (TransientError, PermanentError):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - classified below
+                    err = classify(exc)
+                    if isinstance(err, PermanentError):  # cannot even connect: not the data
+                        err = TransientError(str(err), error_class=err.error_class)
+                    raise err from exc
+                settings = getattr(client, "server_settings", None) or {}
+                self._token_supported = "insert_deduplication_token" in settings
+                if not self._token_supported:
+                    log.warning(
+                        "ClickHouse server has no insert_deduplication_token: retried batches rely on "
+                        "ReplacingMergeTree alone", extra={"pipeline": self._pipeline, "sink": self.name},
+                    )
+                self._client = client
+            return self._client
+
+    def check(self) -> None:
+        """Connect and run ``SELECT 1``; raise ServiceUnreachable naming the server (and its
+        version when it is too old), never the password."""
+        if self._factory is None and not self._chdb:
+            try:
+                version = server_version_http(self._cfg)
+            except RuntimeError as exc:
+                raise ServiceUnreachable(self.name, str(classify(exc))) from None
+            except Exception as exc:  # noqa: BLE001 - transport errors
+                raise ServiceUnreachable(self.name, str(classify(exc))) from None
+            if _too_old(version):
+                raise ServiceUnreachable(self.name, too_old_message(version))
+        try:
+            client = self.client()
+            with self._call_lock():
+                client.command("SELECT 1")
+        except IngestError as exc:
+            raise ServiceUnreachable(self.name, str(exc)) from None
+        except Exception as exc:  # noqa: BLE001
+            raise ServiceUnreachable(self.name, str(classify(exc))) from None
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+
+    def _call_lock(self) -> contextlib.AbstractContextManager[Any]:
+        return self._lock if self._chdb else contextlib.nullcontext()
+
+    # -- writing ----------------------------------------------------------------
+    def write(self, rows: Sequence[tuple[Any, ...]], *, token: str | None = None) -> None:
+        """Insert ``rows`` (one insert; see :class:`ingest.sinks.base.Sink`).
+
+        ``token`` becomes the insert's ``insert_deduplication_token`` (when the
+        server has it). Raises TransientError / PermanentError only.
+        """
+        if not rows:
+            return
+        cfg = self._cfg
+        try:
+            client = self.client()
+            settings: dict[str, Any] = dict(cfg.settings)
+            if token is not None and self._token_supported:
+                settings["insert_deduplication_token"] = token
+            data = list(zip(*rows))
+            with self._call_lock():
+                client.insert(
+                    cfg.table, data, column_names=self._columns, column_type_names=self._types,
+                    database=cfg.database, column_oriented=True, settings=settings,
+                )
+            self.inserts += 1
+        except (TransientError, PermanentError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every driver/transport error is classified
+            raise classify(exc) from exc
+
+
+# --------------------------------------------------------------------------- migrate
+
+
+def create_table_sql(cfg: ClickHouseSinkSettings) -> list[str]:
+    """``CREATE DATABASE`` and ``CREATE TABLE ... ReplacingMergeTree(version)`` for the sink."""
+    on_cluster = f" ON CLUSTER {quote_ident(cfg.cluster)}" if cfg.cluster else ""
+    db, table = quote_ident(cfg.database), quote_ident(cfg.table)
+    cols = ",\n    ".join(f"{quote_ident(name)} {t.ddl}" for name, t in cfg.ch_types.items())
+    version = quote_ident(cfg.version_column or "")
+    if cfg.cluster:
+        path = quote_str(f"/clickhouse/tables/{{shard}}/{cfg.database}/{cfg.table}")
+        engine = f"ReplicatedReplacingMergeTree({path}, '{{replica}}', {version})"
+        window = f"replicated_deduplication_window = {cfg.deduplication_window}"
+    else:
+        engine = f"ReplacingMergeTree({version})"
+        window = f"non_replicated_deduplication_window = {cfg.deduplication_window}"
+    order_by = ", ".join(quote_ident(k) for k in cfg.order_by)
+    if len(cfg.order_by) > 1:
+        order_by = f"({order_by})"
+    return [
+        f"CREATE DATABASE IF NOT EXISTS {db}{on_cluster}",
+        f"CREATE TABLE IF NOT EXISTS {db}.{table}{on_cluster} (\n    {cols}\n)\n"
+        f"ENGINE = {engine}\nORDER BY {order_by}\nSETTINGS {window}",
+    ]
+
+
+def _verify_table(client: Any, p: PipelineSettings, cfg: ClickHouseSinkSettings) -> None:
+    """An existing table must be a ReplacingMergeTree ordered by ``order_by`` with every column."""
+    where = {"db": cfg.database, "t": cfg.table}
+    rows = client.query(
+        "SELECT engine, sorting_key FROM system.tables WHERE database = %(db)s AND name = %(t)s",
+        parameters=where,
+    ).result_rows
+    if not rows:
+        raise ConfigError(f"pipelines.{p.name}.sink: table {cfg.database}.{cfg.table} was not created")
+    engine, sorting_key = rows[0]
+    expected_key = ", ".join(cfg.order_by)
+    actual_key = str(sorting_key).replace("`", "").replace(" ", "")
+    if actual_key.startswith("(") and actual_key.endswith(")"):
+        actual_key = actual_key[1:-1]
+    if not str(engine).endswith("ReplacingMergeTree") or actual_key != expected_key.replace(" ", ""):
+        raise ConfigError(
+            f"pipelines.{p.name}.sink: table {cfg.database}.{cfg.table} exists as {engine} ORDER BY "
+            f"({sorting_key}); the sink needs ReplacingMergeTree ORDER BY ({expected_key}) to deduplicate"
+        )
+    present = {r[0] for r in client.query(
+        "SELECT name FROM system.columns WHERE database = %(db)s AND table = %(t)s", parameters=where,
+    ).result_rows}
+    missing = [c for c in cfg.columns if c not in present]
+    if missing:
+        raise ConfigError(f"pipelines.{p.name}.sink: table {cfg.database}.{cfg.table} exists without "
+                          f"columns {missing}")
+
+
+def migrate_clickhouse(p: PipelineSettings, *, client_factory: ClientFactory | None = None) -> list[str]:
+    """Create the sink's database and table if missing (idempotent) and verify an existing one.
+
+    Returns the lines ``ingest migrate`` prints. Raises ServiceUnreachable when the
+    server cannot be reached or is too old, ConfigError when the table cannot be
+    created as configured or exists in an incompatible shape.
+    """
+    cfg = p.sink
+    assert isinstance(cfg, ClickHouseSinkSettings)
+    sink = ClickHouseSink(cfg, pipeline=p.name, client_factory=client_factory)
+    what = f"{sink.name} of pipeline {p.name!r}"
+    try:
+        try:
+            client = sink.client()
+        except IngestError as exc:
+            raise ServiceUnreachable(what, str(exc)) from None
+        try:
+            for stmt in create_table_sql(cfg):
+                client.command(stmt)
+            _verify_table(client, p, cfg)
+        except ConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            err = classify(exc)
+            if isinstance(err, TransientError):
+                raise ServiceUnreachable(what, str(err)) from None
+            raise ConfigError(f"pipelines.{p.name}.sink: ClickHouse rejected the table definition: {err}") from None
+    finally:
+        sink.close()
+    engine = "ReplicatedReplacingMergeTree" if cfg.cluster else "ReplacingMergeTree"
+    return [f"{p.name}: table {cfg.database}.{cfg.table} ({engine}({cfg.version_column}) "
+            f"ORDER BY ({', '.join(cfg.order_by)}))"]
