@@ -320,6 +320,12 @@ def count_rows(dsn: str, table: str = TABLE) -> int:
         return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # noqa: S608
 
 
+def max_seq(dsn: str) -> int:
+    """The newest record (highest ``seq``) in the table; -1 when empty."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(f"SELECT coalesce(max(seq), -1) FROM {TABLE}").fetchone()[0]  # noqa: S608
+
+
 def dlq_rows(dsn: str) -> list[dict[str, Any]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         cur = conn.execute(
