@@ -554,6 +554,10 @@ class PipelineSettings(Frozen):
     #: Backpressure bounds: consumption pauses while more than this is in flight.
     max_buffered_records: int = Field(default=100_000, ge=1)
     max_buffered_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
+    #: Hot-key warning: one key above this share of a lane's records in an interval.
+    hot_key_share: float = Field(default=0.5, gt=0, le=1)
+    #: Length of the hot-key / hot-lane observation interval.
+    hot_key_interval_s: float = Field(default=10.0, gt=0)
 
     @property
     def effective_group_id(self) -> str:

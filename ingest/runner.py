@@ -57,6 +57,7 @@ from typing import Any
 from ingest.config import PipelineSettings
 from ingest.core.batcher import FlushReason, RingBatcher
 from ingest.core.dlq_guard import DlqGuard
+from ingest.core.hotkeys import LaneLoad, key_label
 from ingest.core.mapping import Mapper
 from ingest.core.offsets import OffsetTracker
 from ingest.core.routing import LaneRouter
@@ -70,6 +71,8 @@ from ingest.writer import BatchWriter, Completion
 log = logging.getLogger(__name__)
 
 _RESUME_FRACTION = 0.8
+#: One record in this many feeds the hot-key sketch: shares stay unbiased, the cost per record drops 16×.
+HOT_KEY_SAMPLE = 16
 
 
 def monotonic_ms() -> int:
@@ -199,6 +202,13 @@ class Pipeline:
         self._dispatched_oldest_ms: list[collections.deque[int]] = [collections.deque() for _ in range(settings.lanes)]
         self._in_flight_records = 0
         self._in_flight_bytes = 0
+        #: records in flight per lane (buffered + dispatched), for the hot-lane check
+        self._lane_in_flight = [0] * settings.lanes
+        #: hot-key sketch fed with every HOT_KEY_SAMPLE-th record (unbiased shares, bounded cost)
+        self._load = LaneLoad(settings.lanes)
+        self._sample_countdown = HOT_KEY_SAMPLE
+        self._last_load_report_ms = monotonic_ms()
+        self.last_load_report: Any = None
         self._paused = False
         self._paused_since_s = 0.0
         self._last_commit_ms = 0
@@ -301,6 +311,7 @@ class Pipeline:
         max_rows = self.settings.batch.max_rows
         skip_tombstones = self.settings.tombstones == "skip"
         deterministic = self._offset_store is not None  # exactly-once needs replay-stable routing
+        lane_in_flight = self._lane_in_flight
         n_lanes = len(batchers)
         self.stats.records_consumed += len(records)
         self.metrics.records_consumed.inc(len(records))
@@ -339,6 +350,11 @@ class Pipeline:
                 self._dispatch(lane, FlushReason.SIZE if len(batcher) >= max_rows else FlushReason.BYTES)
             n_items += 1
             n_bytes += size
+            lane_in_flight[lane] += 1
+            self._sample_countdown -= 1
+            if self._sample_countdown == 0:
+                self._sample_countdown = HOT_KEY_SAMPLE
+                self._load.observe(lane, key, size)
             if batcher.add(item, size, now_ms) is not None:
                 self._dispatch(lane, FlushReason.SIZE if len(batcher) >= max_rows else FlushReason.BYTES)
         self._in_flight_records += n_items
@@ -378,6 +394,7 @@ class Pipeline:
     def _apply(self, c: Completion) -> None:
         self._in_flight_records -= c.records
         self._in_flight_bytes -= c.size_bytes
+        self._lane_in_flight[c.lane] -= c.records
         if self._dispatched_oldest_ms[c.lane]:
             self._dispatched_oldest_ms[c.lane].popleft()
         self._health.sink_ok = c.error is None
@@ -467,8 +484,28 @@ class Pipeline:
         for tp, off in candidates.items():
             self._tracker.mark_committed(tp, off)
 
+    def _report_load(self, now_ms: int) -> None:
+        """Every hot_key_interval_s: hot keys and hot lanes → metric and warning; then a new interval."""
+        if now_ms - self._last_load_report_ms < self.settings.hot_key_interval_s * 1000:
+            return
+        self._last_load_report_ms = now_ms
+        report = self._load.report(self.settings.hot_key_share, self._lane_in_flight)
+        self.last_load_report = report
+        for lane, stats in enumerate(report.lanes):
+            self.metrics.set_hot_key_share(lane, stats.top_share)
+        for hot in report.hot_keys:
+            log.warning("hot key: one key dominates a lane; its records cannot be parallelised",
+                        extra={"pipeline": self.settings.name, "lane": hot.lane, "key": key_label(hot.key),
+                               "share": round(hot.share, 3)})
+        if report.hot_lane is not None:
+            log.warning("hot lane: one lane holds most of the backlog",
+                        extra={"pipeline": self.settings.name, "lane": report.hot_lane,
+                               "share": round(report.hot_lane_share, 3)})
+        self._load.reset()
+
     def _observe(self, now_ms: int) -> None:
         """Refresh gauges (once per commit interval)."""
+        self._report_load(now_ms)
         m = self.metrics
         m.buffered_records.set(self._in_flight_records)
         m.buffered_bytes.set(self._in_flight_bytes)

@@ -416,15 +416,40 @@ def _ch_date(v: Any) -> date:
     return d
 
 
-def _ch_datetime64(v: Any) -> datetime:
-    dt = _timestamptz(v)  # aware; naive input is taken as UTC
-    try:
-        ok = _CH_DT64_MIN <= dt <= _CH_DT64_MAX
-    except OverflowError:  # pragma: no cover - exotic offsets at datetime.min/max
-        ok = False
-    if not ok:
-        raise _Bad("out_of_range", f"{dt.isoformat()} is out of range for DateTime64 (1900-01-01..2299-12-31)")
-    return dt
+_ONE_MICRO = timedelta(microseconds=1)
+_CH_DT64_MIN_MS = (_CH_DT64_MIN - _EPOCH_AWARE) // timedelta(milliseconds=1)
+_CH_DT64_MAX_MS = (_CH_DT64_MAX - _EPOCH_AWARE) // timedelta(milliseconds=1)
+
+
+def _ch_datetime64(precision: int) -> Coercer:
+    """DateTime64(p) as its raw value: ticks of 10**-p s since the epoch (UTC), an ``int``.
+
+    clickhouse-connect writes an int column as is, which spares building a datetime
+    per value here and converting it back there. Input as for ``timestamptz``: ISO
+    8601 (naive = UTC) or epoch milliseconds; sub-tick digits are floored.
+    """
+    per_ms_mul = 10 ** (precision - 3) if precision >= 3 else 0
+    per_ms_div = 10 ** (3 - precision) if precision < 3 else 1
+    per_second = 10**precision
+
+    def out_of_range(v: Any) -> _Bad:
+        return _Bad("out_of_range", f"{_show(v)} is out of range for DateTime64 (1900-01-01..2299-12-31)")
+
+    def coerce(v: Any) -> int:
+        if type(v) is int:  # epoch milliseconds: exact integer arithmetic
+            if not _CH_DT64_MIN_MS <= v <= _CH_DT64_MAX_MS:
+                raise out_of_range(v)
+            return v * per_ms_mul if per_ms_mul else v // per_ms_div
+        dt = _timestamptz(v)  # aware; naive input is taken as UTC
+        try:
+            ok = _CH_DT64_MIN <= dt <= _CH_DT64_MAX
+        except OverflowError:  # pragma: no cover - exotic offsets at datetime.min/max
+            ok = False
+        if not ok:
+            raise out_of_range(dt.isoformat())
+        return (dt - _EPOCH_AWARE) // _ONE_MICRO * per_second // 1_000_000
+
+    return coerce
 
 
 def _ch_decimal(precision: int, scale: int) -> Coercer:
@@ -432,9 +457,11 @@ def _ch_decimal(precision: int, scale: int) -> Coercer:
     most P-S digits before the point, else out_of_range."""
     quantum = Decimal(1).scaleb(-scale)
     limit = Decimal(10) ** (precision - scale)
+    int_limit = 10 ** (precision - scale)
+    float_limit = float(int_limit) / 10  # below it, any float's integer part surely fits
     name = f"Decimal({precision}, {scale})"
 
-    def coerce(v: Any) -> Decimal:
+    def general(v: Any) -> Decimal:
         d = _numeric(v)
         if not d.is_finite() or d.adjusted() >= precision - scale + 1:
             raise _Bad("out_of_range", f"{_show(v)} is out of range for {name}")
@@ -445,6 +472,20 @@ def _ch_decimal(precision: int, scale: int) -> Coercer:
         if q.copy_abs() >= limit:
             raise _Bad("out_of_range", f"{_show(v)} is out of range for {name}")
         return q
+
+    def coerce(v: Any) -> Decimal:
+        # Fast paths for values that need no rounding (the common case); the rest: general().
+        t = type(v)
+        if t is int:
+            if -int_limit < v < int_limit:
+                return Decimal(v)
+        elif t is float:
+            if -float_limit < v < float_limit:
+                text = repr(v)
+                dot = text.find(".")
+                if dot >= 0 and "e" not in text and len(text) - dot - 1 <= scale:
+                    return Decimal(text)
+        return general(v)
 
     return coerce
 
@@ -478,6 +519,8 @@ def _ch_coercer(t: ChType) -> Coercer:
         return _float_coercer(t.name)
     if kind == "decimal":
         return _ch_decimal(t.precision, t.scale)
+    if kind == "datetime64":
+        return _ch_datetime64(t.precision)
     if kind in ("nullable", "lowcardinality"):
         assert t.inner is not None
         return _ch_coercer(t.inner)
@@ -488,7 +531,6 @@ def _ch_coercer(t: ChType) -> Coercer:
         "string": _ch_string,
         "bool": _boolean,
         "date": _ch_date,
-        "datetime64": _ch_datetime64,
         "uuid": _uuid,
         "json": _ch_json,
     }
@@ -612,7 +654,7 @@ class Mapper:
     psycopg) or ``clickhouse`` (values for clickhouse-connect: ``UInt8``..``Int64``
     range-checked, ``Float32/64``, ``Decimal(P,S)`` rounded to S places and
     range-checked, ``String``, ``LowCardinality(String)``, ``Bool``, ``Date``,
-    ``DateTime64(p)`` (aware UTC datetimes), ``UUID``, ``JSON`` (compact JSON
+    ``DateTime64(p)`` (as its raw int: ticks since the epoch), ``UUID``, ``JSON`` (compact JSON
     text for a String column), ``Nullable(T)``, ``Array(T)`` from a JSON array).
     Default: each spec's ``dialect`` class attribute
     (:class:`~ingest.config.ClickHouseColumnSpec` says ``clickhouse``), else
