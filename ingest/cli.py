@@ -157,8 +157,31 @@ def _build_dlq(settings: Settings, p: PipelineSettings) -> Any:
     return KafkaDlq(settings.kafka, p.dlq.topic or "")
 
 
+def _sink_identity(p: PipelineSettings) -> str:
+    """Which database a pipeline writes to (its DSN / URL; used as a key only, never printed)."""
+    if isinstance(p.sink, PostgresSink):
+        return p.sink.dsn.get_secret_value()
+    return f"{p.sink.url}/{p.sink.database}"
+
+
+def _build_schedulers(settings: Settings, pipelines: list[PipelineSettings], metrics: Any) -> dict[str, Any]:
+    """One WriteScheduler per database that some pipeline limits (smallest max_concurrent_writes wins)."""
+    from ingest.scheduler import WriteScheduler
+
+    limits: dict[str, list[int]] = {}
+    for p in pipelines:
+        if p.sink.max_concurrent_writes is not None:
+            limits.setdefault(_sink_identity(p), []).append(p.sink.max_concurrent_writes)
+    return {
+        ident: WriteScheduler(f"db{i}", min(slots), aging_ms_per_level=settings.scheduler.aging_ms_per_level,
+                              metrics_registry=metrics.registry if metrics is not None else None)
+        for i, (ident, slots) in enumerate(sorted(limits.items()))
+    }
+
+
 def _build_pipeline(settings: Settings, p: PipelineSettings, stop: threading.Event, abort: threading.Event,
-                    until_idle: float | None, metrics: Any = None) -> tuple[Any, list[Any]]:
+                    until_idle: float | None, metrics: Any = None,
+                    schedulers: dict[str, Any] | None = None) -> tuple[Any, list[Any]]:
     from ingest.runner import Pipeline
     from ingest.sources.kafka import KafkaSource
     from ingest.writer import BatchWriter
@@ -186,7 +209,7 @@ def _build_pipeline(settings: Settings, p: PipelineSettings, stop: threading.Eve
         p, source_factory=source_factory, writer=writer, stop=stop, abort=abort,
         consume_batch_size=settings.kafka.consume_batch_size, poll_timeout_ms=settings.kafka.poll_timeout_ms,
         until_idle_s=until_idle, metrics=metrics.pipeline(p.name) if metrics is not None else None,
-        offset_store=offset_store,
+        offset_store=offset_store, scheduler=(schedulers or {}).get(_sink_identity(p)),
     )
     return pipeline, [sink, dlq]
 
@@ -254,7 +277,8 @@ def run(
         except OSError as exc:
             log.error("cannot serve metrics; continuing without", extra={"port": metrics_port, "error": str(exc)})
     try:
-        built = [_build_pipeline(settings, p, stop, abort, until_idle, metrics) for p in selected]
+        schedulers = _build_schedulers(settings, selected, metrics)
+        built = [_build_pipeline(settings, p, stop, abort, until_idle, metrics, schedulers) for p in selected]
     except ConfigError as exc:
         raise _fail(EXIT_CONFIG, str(exc)) from None
     errors: dict[str, BaseException] = {}

@@ -294,6 +294,10 @@ class ColumnSpec(Frozen):
 class _SinkBase(Frozen):
     table: str
     columns: dict[str, ColumnSpec]
+    #: Write budget of this database, shared by every pipeline of the process writing to it:
+    #: at most this many batch writes at once, granted by priority with aging. None = no limit.
+    #: When pipelines sharing a database disagree, the smallest value wins.
+    max_concurrent_writes: int | None = Field(default=None, ge=1)
 
     @field_validator("table")
     @classmethod
@@ -580,6 +584,13 @@ class PipelineSettings(Frozen):
         return value
 
 
+class SchedulerSettings(Frozen):
+    """The per-database write scheduler (used when a sink sets max_concurrent_writes)."""
+
+    #: A waiting batch gains one priority level per this many milliseconds of waiting.
+    aging_ms_per_level: int = Field(default=1000, ge=1)
+
+
 class Settings(BaseSettings):
     """The whole configuration file."""
 
@@ -588,6 +599,7 @@ class Settings(BaseSettings):
     )
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     pipelines: list[PipelineSettings] = Field(min_length=1)
 
     @field_validator("pipelines")

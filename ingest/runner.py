@@ -95,6 +95,8 @@ class PipelineStats:
     write_calls: int = 0
     commits: int = 0
     paused_s: float = 0.0
+    #: seconds each batch waited for a write slot (only with a write scheduler)
+    queue_waits_s: list[float] = field(default_factory=list)
     started_s: float = field(default_factory=time.monotonic)
     #: when the first record arrived and when the last batch was handled (throughput window)
     first_record_s: float | None = None
@@ -127,18 +129,40 @@ class PipelineStats:
             "commits": self.commits,
             "paused_s": round(self.paused_s, 3),
             "rate_per_s": round(self.rate_per_s(), 1),
+            "queue_wait_s": _percentiles(self.queue_waits_s),
             "busy_s": round((self.last_done_s or 0) - (self.first_record_s or 0), 3),
         }
 
 
-class Lane(threading.Thread):
-    """A worker that writes its batches in FIFO order and reports completions."""
+def _percentiles(values: list[float]) -> dict[str, float] | None:
+    """p50 / p95 / p99 / max of a sample (nearest rank), or None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
 
-    def __init__(self, index: int, pipeline: str, writer: BatchWriter, completions: queue.SimpleQueue[Completion]) -> None:
+    def rank(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.999999) - 1))], 4)
+
+    return {"p50": rank(0.50), "p95": rank(0.95), "p99": rank(0.99), "max": round(ordered[-1], 4),
+            "count": len(ordered)}
+
+
+class Lane(threading.Thread):
+    """A worker that writes its batches in FIFO order and reports completions.
+
+    With a write scheduler, each batch first waits for a slot of its database
+    (priority with aging); a lane never holds more than one.
+    """
+
+    def __init__(self, index: int, pipeline: str, writer: BatchWriter, completions: queue.SimpleQueue[Completion],
+                 scheduler: Any | None = None, priority: int = 0) -> None:
         super().__init__(name=f"{pipeline}-lane-{index}", daemon=True)
         self.index = index
+        self._pipeline = pipeline
         self._writer = writer
         self._completions = completions
+        self._scheduler = scheduler
+        self._priority = priority
         self.inbox: queue.SimpleQueue[tuple[list[Item], str] | None] = queue.SimpleQueue()
 
     def run(self) -> None:
@@ -147,7 +171,13 @@ class Lane(threading.Thread):
             if job is None:
                 return
             items, reason = job
-            self._completions.put(self._writer.handle(self.index, items, reason))
+            if self._scheduler is None:
+                self._completions.put(self._writer.handle(self.index, items, reason))
+                continue
+            with self._scheduler.slot(self._pipeline, self._priority) as waited_s:
+                completion = self._writer.handle(self.index, items, reason)
+            completion.queue_wait_s = waited_s
+            self._completions.put(completion)
 
 
 SourceFactory = Callable[..., KafkaSource]
@@ -170,6 +200,7 @@ class Pipeline:
         on_progress: Callable[[PipelineStats], None] | None = None,
         metrics: PipelineMetrics | None = None,
         offset_store: Any | None = None,
+        scheduler: Any | None = None,
     ) -> None:
         self.settings = settings
         self.stats = PipelineStats()
@@ -194,7 +225,8 @@ class Pipeline:
         ]
         self._tracker: OffsetTracker[Partition] = OffsetTracker()
         self._completions: queue.SimpleQueue[Completion] = queue.SimpleQueue()
-        self._lanes = [Lane(i, settings.name, writer, self._completions) for i in range(settings.lanes)]
+        self._lanes = [Lane(i, settings.name, writer, self._completions, scheduler, settings.priority)
+                       for i in range(settings.lanes)]
         self._guard = DlqGuard(settings.dlq.max_ratio, settings.dlq.max_consecutive, settings.dlq.window)
 
         self._source: KafkaSource | None = None
@@ -411,6 +443,8 @@ class Pipeline:
         stats.retries += c.retries
         stats.write_calls += c.write_calls
         stats.already_written += c.skipped
+        if c.queue_wait_s is not None:
+            stats.queue_waits_s.append(c.queue_wait_s)
         m = self.metrics
         m.batch_rows.observe(c.records)
         m.batch_bytes.observe(c.size_bytes)

@@ -79,6 +79,8 @@ class Completion:
     min_timestamp_ms: int | None = None
     #: records found already written by an earlier run (exactly-once mode)
     skipped: int = 0
+    #: seconds the batch waited for a write slot (None without a scheduler)
+    queue_wait_s: float | None = None
     error: BaseException | None = None
 
 
