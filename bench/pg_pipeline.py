@@ -155,13 +155,13 @@ def naive(bootstrap: str, topic: str, dsn: str, mapper: Mapper, n: int) -> float
     return elapsed
 
 
-def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int) -> dict:
-    table = f"bench_e2e_{lanes}"
+def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int = 1) -> dict:
+    table = f"bench_e2e_{lanes}_{processes}"
     make_table(dsn, table, keyed=True)
     cfg = {
         "kafka": {"bootstrap_servers": bootstrap, "client": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}},
         "pipelines": [{
-            "name": f"bench{lanes}", "topics": [topic], "group_id": f"bench-e2e-{uuid.uuid4().hex}",
+            "name": "bench", "topics": [topic], "group_id": f"bench-e2e-{uuid.uuid4().hex}",
             "lanes": lanes, "batch": {"max_rows": BATCH_ROWS, "max_latency_ms": 200},
             "sink": {"kind": "postgres", "dsn": dsn, "table": table, "conflict_key": ["event_id"], "columns": COLUMNS},
             "dlq": {"kind": "postgres", "table": "bench_dlq"},
@@ -174,11 +174,13 @@ def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int) -> dict:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         subprocess.run([sys.executable, "-m", "ingest", "migrate", "-c", str(path)], check=True, env=env,
                        stdout=subprocess.DEVNULL)
-        subprocess.run([sys.executable, "-m", "ingest", "run", "-c", str(path), "--until-idle", "2",
+        subprocess.run([sys.executable, "-m", "ingest", "run", "-c", str(path), "--until-idle", "3",
+                        "--processes", str(processes), "--metrics-port", "0",
                         "--log-level", "warning", "--summary-json", str(summary)], check=True, env=env)
         data = orjson.loads(summary.read_bytes())
-    stats = data["pipelines"][f"bench{lanes}"]
-    return {"rate": stats["rate_per_s"], "rss": data["peak_rss_bytes"], "rows": stats["rows_written"],
+    stats = data["pipelines"]["bench"]
+    rate = stats["records_consumed"] / stats["busy_s"] if stats.get("busy_s") else stats["rate_per_s"]
+    return {"rate": rate, "rss": data.get("peak_rss_bytes", 0), "rows": stats["rows_written"],
             "consumed": stats["records_consumed"]}
 
 
@@ -187,6 +189,8 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--naive-records", type=int, default=5_000)
     ap.add_argument("--lanes", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--processes", type=int, default=2, help="also run end to end with this many processes (0: skip)")
+    ap.add_argument("--json", type=Path, help="also write the figures as JSON to this file")
     args = ap.parse_args()
 
     services = start_all()
@@ -206,7 +210,9 @@ def main() -> None:
         t_b = write_path(dsn, rows)
         t_c = plain_copy(dsn, rows)
         t_d = naive(bootstrap, topic, dsn, mapper, args.naive_records)
-        e2e = {lanes: end_to_end(bootstrap, topic, dsn, lanes) for lanes in args.lanes}
+        e2e = {f"lanes={lanes}": end_to_end(bootstrap, topic, dsn, lanes) for lanes in args.lanes}
+        if args.processes > 1:
+            e2e[f"processes={args.processes}, lanes=2"] = end_to_end(bootstrap, topic, dsn, 2, args.processes)
 
         n = args.records
         a, b, c, d = n / t_a, n / t_b, n / t_c, args.naive_records / t_d
@@ -216,12 +222,18 @@ def main() -> None:
         print(f"{'(b) write path alone (COPY->stage->upsert)':<44}{b:>12,.0f}")
         print(f"{'(c) plain COPY of decoded rows':<44}{c:>12,.0f}")
         print(f"{'(d) naive consumer (' + str(args.naive_records) + ' records)':<44}{d:>12,.0f}")
-        for lanes, r in e2e.items():
+        for label, r in e2e.items():
             assert r["consumed"] == n, f"end-to-end consumed {r['consumed']} of {n}"
-            print(f"{'(e) ingest run, lanes=' + str(lanes):<44}{r['rate']:>12,.0f}   peak RSS {r['rss'] / 2**20:.0f} MiB")
+            rss = f"   peak RSS {r['rss'] / 2**20:.0f} MiB" if r["rss"] else ""
+            print(f"{'(e) ingest run, ' + label:<44}{r['rate']:>12,.0f}{rss}")
         best = max(r["rate"] for r in e2e.values())
         print(f"\nratio e/min(a,b) = {best / min(a, b):.2f}   e/b = {best / b:.2f}   e/c = {best / c:.2f}   "
               f"e/d = {best / d:.0f}x")
+        if args.json:
+            args.json.write_bytes(orjson.dumps({
+                "records": n, "consume_only": a, "write_path": b, "plain_copy": c, "naive": d,
+                "end_to_end": {k: {"rate": v["rate"], "peak_rss_bytes": v["rss"]} for k, v in e2e.items()},
+            }, option=orjson.OPT_INDENT_2))
     finally:
         services.close()
 
