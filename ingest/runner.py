@@ -155,7 +155,7 @@ class Lane(threading.Thread):
     """
 
     def __init__(self, index: int, pipeline: str, writer: BatchWriter, completions: queue.SimpleQueue[Completion],
-                 scheduler: Any | None = None, priority: int = 0) -> None:
+                 scheduler: Any | None = None, priority: int = 0, halt: threading.Event | None = None) -> None:
         super().__init__(name=f"{pipeline}-lane-{index}", daemon=True)
         self.index = index
         self._pipeline = pipeline
@@ -163,6 +163,9 @@ class Lane(threading.Thread):
         self._completions = completions
         self._scheduler = scheduler
         self._priority = priority
+        #: set when the pipeline failed or aborts: queued batches are dropped, not written
+        #: (they are not committed; a restart reads them again)
+        self._halt = halt or threading.Event()
         self.inbox: queue.SimpleQueue[tuple[list[Item], str] | None] = queue.SimpleQueue()
 
     def run(self) -> None:
@@ -171,6 +174,8 @@ class Lane(threading.Thread):
             if job is None:
                 return
             items, reason = job
+            if self._halt.is_set():
+                continue
             if self._scheduler is None:
                 self._completions.put(self._writer.handle(self.index, items, reason))
                 continue
@@ -225,7 +230,8 @@ class Pipeline:
         ]
         self._tracker: OffsetTracker[Partition] = OffsetTracker()
         self._completions: queue.SimpleQueue[Completion] = queue.SimpleQueue()
-        self._lanes = [Lane(i, settings.name, writer, self._completions, scheduler, settings.priority)
+        self._halt = threading.Event()
+        self._lanes = [Lane(i, settings.name, writer, self._completions, scheduler, settings.priority, self._halt)
                        for i in range(settings.lanes)]
         self._guard = DlqGuard(settings.dlq.max_ratio, settings.dlq.max_consecutive, settings.dlq.window)
 
@@ -376,7 +382,10 @@ class Pipeline:
             except InvalidRecord as exc:
                 item = Item(rec, None, Failure(exc.stage, exc.error_class, exc.message), epoch, size)
                 key = rec.key
-            lane = lane_of(key) if key is not None or not deterministic else rec.offset % n_lanes
+            if n_lanes == 1:
+                lane = 0
+            else:
+                lane = lane_of(key) if key is not None or not deterministic else rec.offset % n_lanes
             batcher = batchers[lane]
             if not batcher.fits(size):
                 self._dispatch(lane, FlushReason.SIZE if len(batcher) >= max_rows else FlushReason.BYTES)
@@ -431,6 +440,7 @@ class Pipeline:
             self._dispatched_oldest_ms[c.lane].popleft()
         self._health.sink_ok = c.error is None
         if c.error is not None:
+            self._halt.set()
             if self._fatal is None:
                 self._fatal = c.error
             log.error("batch failed", extra={"pipeline": self.settings.name, "lane": c.lane, "error": str(c.error)})
@@ -461,7 +471,8 @@ class Pipeline:
         for (tp, epoch), offsets in c.done.items():
             self._tracker.done_many(tp, offsets, epoch)
         if trip and self._fatal is None:
-            # The batch itself is handled (in the sink or DLQ) and may be committed.
+            # The batch itself is handled (in the sink or DLQ) and may be committed; queued ones are dropped.
+            self._halt.set()
             self._fatal = FatalPipelineError(f"pipeline {self.settings.name!r}: DLQ guard tripped: {trip}")
 
     def _wait_for(self, condition: Callable[[], bool]) -> bool:
@@ -574,6 +585,7 @@ class Pipeline:
                 log.error("shutdown timeout: records still in flight are not committed",
                           extra={"pipeline": self.settings.name, "in_flight": self._in_flight_records})
         else:
+            self._halt.set()
             self._drain_completions()
         self._commit()
         for lane in self._lanes:

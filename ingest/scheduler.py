@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import Gauge, Histogram
 
@@ -133,19 +135,20 @@ class WriteScheduler:
             self._in_use_gauge.labels(self.name).set(self._in_use)
 
 
-_METRICS: dict[tuple[int, str], object] = {}
+_METRICS: weakref.WeakKeyDictionary[Any, dict[str, object]] = weakref.WeakKeyDictionary()
 
 
-def _metric(registry: object, kind: str) -> object:
+def _metric(registry: Any, kind: str) -> Any:
     """One set of scheduler metrics per registry, shared by every scheduler of the process."""
-    key = (id(registry), kind)
-    if key not in _METRICS:
+    per_registry = _METRICS.setdefault(registry, {})
+    key = kind
+    if key not in per_registry:
         if kind == "wait":
-            _METRICS[key] = Histogram("ingest_write_queue_wait_seconds", "Time a ready batch waited for a write slot.",
+            per_registry[key] = Histogram("ingest_write_queue_wait_seconds", "Time a ready batch waited for a write slot.",
                                       ["pipeline"], buckets=_WAIT_BUCKETS, registry=registry)
         elif kind == "len":
-            _METRICS[key] = Gauge("ingest_write_queue_length", "Batches waiting for a write slot, by priority.",
+            per_registry[key] = Gauge("ingest_write_queue_length", "Batches waiting for a write slot, by priority.",
                                   ["database", "priority"], registry=registry)
         else:
-            _METRICS[key] = Gauge("ingest_write_slots_in_use", "Write slots in use.", ["database"], registry=registry)
-    return _METRICS[key]
+            per_registry[key] = Gauge("ingest_write_slots_in_use", "Write slots in use.", ["database"], registry=registry)
+    return per_registry[key]

@@ -84,8 +84,10 @@ def upsert_sql(schema: str, table: str) -> sql.Composable:
 class PostgresDlq:
     """Writes DLQ entries into a PostgreSQL table. Thread-safe (pooled connections)."""
 
-    def __init__(self, dsn: str, schema: str, table: str, *, pool_size: int = 2) -> None:
+    def __init__(self, dsn: str, schema: str, table: str, *, pool_size: int = 2,
+                 statement_timeout_ms: int = 30_000) -> None:
         self._dsn = dsn
+        self._statement_timeout_ms = statement_timeout_ms
         self._upsert = upsert_sql(schema, table)
         self._pool_size = pool_size
         self._pool: ConnectionPool | None = None
@@ -96,9 +98,15 @@ class PostgresDlq:
             if self._pool is None:
                 self._pool = ConnectionPool(
                     self._dsn, min_size=1, max_size=self._pool_size, open=True,
-                    check=ConnectionPool.check_connection, timeout=30.0, name="dlq",
+                    check=ConnectionPool.check_connection, timeout=5.0, reconnect_timeout=24 * 3600.0,
+                    configure=self._configure, name="dlq",
                 )
             return self._pool
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        # A locked or stalled DLQ table surfaces as a (retried, logged) timeout instead of a silent wait.
+        conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(self._statement_timeout_ms)))
+        conn.commit()
 
     def put(self, entries: Sequence[DlqEntry]) -> None:
         if not entries:

@@ -147,8 +147,10 @@ class PostgresSink:
                     configure=self._configure,
                     check=ConnectionPool.check_connection,
                     open=True,
-                    timeout=30.0,
-                    reconnect_timeout=5.0,
+                    # Short waits for a connection: the caller's retry policy backs off and asks again,
+                    # while the pool keeps reconnecting in the background for as long as an outage lasts.
+                    timeout=5.0,
+                    reconnect_timeout=24 * 3600.0,
                     name=self._name,
                 )
             return self._pool
