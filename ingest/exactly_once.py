@@ -100,6 +100,7 @@ class StoredOffsets:
         self._dsn = dsn
         self._pipeline = pipeline
         t = sql.Identifier(schema, OFFSETS_TABLE)
+        self._table = t
         self._select = sql.SQL(
             'SELECT topic, "partition", next_offset FROM {t} WHERE pipeline = %s '
             'AND (topic, "partition") IN (SELECT * FROM unnest(%s::text[], %s::int[]))'
@@ -117,6 +118,17 @@ class StoredOffsets:
             with psycopg.connect(self._dsn, connect_timeout=10) as conn:
                 rows = conn.execute(self._select, (self._pipeline, [t.topic for t in tps],
                                                    [t.partition for t in tps])).fetchall()
+        except psycopg.Error as exc:
+            raise classify(exc) from exc
+        return {Partition(topic, part): off for topic, part, off in rows}
+
+    def load_all(self) -> dict[Partition, int]:
+        """Every stored watermark of the pipeline (for ``ingest lag``)."""
+        query = sql.SQL('SELECT topic, "partition", next_offset FROM {t} WHERE pipeline = %s').format(
+            t=self._table)
+        try:
+            with psycopg.connect(self._dsn, connect_timeout=10) as conn:
+                rows = conn.execute(query, (self._pipeline,)).fetchall()
         except psycopg.Error as exc:
             raise classify(exc) from exc
         return {Partition(topic, part): off for topic, part, off in rows}

@@ -45,7 +45,7 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from ingest.config import KafkaSettings, PipelineSettings
-from ingest.errors import ServiceUnreachable
+from ingest.errors import IngestError, ServiceUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -258,12 +258,16 @@ def measure_partitions(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     clock: Any = time.time,
+    stored: Mapping[PartitionKey, int] | None = None,
 ) -> tuple[list[PartitionLag], list[str]]:
     """Measure every partition of ``topics`` for the group ``consumer`` was created with.
 
     ``consumer`` must carry the group's ``group.id`` and must never subscribe;
     ``probe`` (a consumer that joins no group) reads the oldest unconsumed record
     of each lagging partition for its timestamp; ``None`` skips the time lag.
+
+    ``stored``: offsets kept in the sink database (exactly-once delivery); when
+    given, they are the committed positions and Kafka's commits are ignored.
 
     Returns ``(rows, errors)``; a topic missing on the broker is an error, not
     a row. Raises ``KafkaException`` when the broker does not answer.
@@ -283,7 +287,10 @@ def measure_partitions(
         return [], errors
 
     committed: dict[PartitionKey, int | None] = {}
-    for tp in consumer.committed([TopicPartition(t, p) for t, p in parts], timeout=timeout_s):
+    if stored is not None:
+        committed = {key: stored.get(key) for key in parts}
+    for tp in ([] if stored is not None else consumer.committed([TopicPartition(t, p) for t, p in parts],
+                                                                timeout=timeout_s)):
         if tp.error is not None:
             errors.append(f"{tp.topic}[{tp.partition}]: committed offset: {tp.error.str()}")
             continue
@@ -407,7 +414,9 @@ def collect_lag(
             group_id = p.effective_group_id
             consumer = Consumer(_group_config(kafka, group_id), logger=quiet)
             try:
-                rows, errors = measure_partitions(consumer, probe, list(p.topics), timeout_s=timeout_s)
+                stored = _stored_offsets(p)
+                rows, errors = measure_partitions(consumer, probe, list(p.topics), timeout_s=timeout_s,
+                                                  stored=stored)
             except KafkaException as exc:
                 code, msg = _kafka_error_text(exc)
                 if code in _UNREACHABLE_CODES:
@@ -420,6 +429,21 @@ def collect_lag(
         if probe is not None:
             probe.close()
     return LagReport(at_ms=int(time.time() * 1000), pipelines=tuple(results))
+
+
+def _stored_offsets(p: PipelineSettings) -> dict[PartitionKey, int] | None:
+    """Exactly-once pipelines keep their offsets in the sink database: read those (None otherwise)."""
+    from ingest.config import PostgresSink
+
+    if not (isinstance(p.sink, PostgresSink) and p.sink.delivery == "exactly_once"):
+        return None
+    from ingest.exactly_once import StoredOffsets
+
+    store = StoredOffsets(p.sink.dsn.get_secret_value(), p.sink.db_schema, p.name)
+    try:
+        return {(tp.topic, tp.partition): off for tp, off in store.load_all().items()}
+    except IngestError as exc:
+        raise ServiceUnreachable(f"postgres sink of pipeline {p.name!r}", str(exc)) from None
 
 
 # --------------------------------------------------------------------------- rendering
