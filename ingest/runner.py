@@ -45,12 +45,13 @@ only what is already done, close.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,13 +177,17 @@ class Lane(threading.Thread):
             items, reason = job
             if self._halt.is_set():
                 continue
-            if self._scheduler is None:
-                self._completions.put(self._writer.handle(self.index, items, reason))
-                continue
-            with self._scheduler.slot(self._pipeline, self._priority) as waited_s:
-                completion = self._writer.handle(self.index, items, reason)
-            completion.queue_wait_s = waited_s
-            self._completions.put(completion)
+            slot = self._slot if self._scheduler is not None else None
+            self._completions.put(self._writer.handle(self.index, items, reason, slot))
+
+    @contextlib.contextmanager
+    def _slot(self) -> Iterator[float]:
+        """This lane's write slot; a pipeline that failed while the lane waited does not write."""
+        assert self._scheduler is not None
+        with self._scheduler.slot(self._pipeline, self._priority) as waited_s:
+            if self._halt.is_set():
+                raise TransientError("pipeline halted while waiting for a write slot", error_class="halted")
+            yield waited_s
 
 
 SourceFactory = Callable[..., KafkaSource]

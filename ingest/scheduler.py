@@ -11,7 +11,11 @@ docstring) and never starves.
 
 - A lane holds at most one slot (it writes one batch at a time), so per-key
   order is untouched and the queue never holds more entries than there are
-  lanes sharing the database.
+  lanes sharing the database. That number, not ``max_waiting``, is what the
+  queue's ``max_wait_ms`` bound should be read with: a low-priority batch
+  waits at most ``gap × aging_ms_per_level`` plus (lanes sharing the database)
+  write times. A slot covers only the database work of a batch (its dedupe
+  runs before the request).
 - When pipelines sharing a database disagree on ``max_concurrent_writes``,
   the smallest wins (the budget protects the database, so the strictest
   setting is the one to honour).

@@ -20,13 +20,14 @@ error and no offsets: nothing of that batch will be committed.
 from __future__ import annotations
 
 import inspect
+import contextlib
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ContextManager
 
 from tenacity import Retrying
 
@@ -146,8 +147,14 @@ class BatchWriter:
             row_items.append(group)
         return failures, rows, row_items
 
-    def handle(self, lane: int, items: Sequence[Item], reason: str) -> Completion:
-        """Write one batch; never raises (errors are returned in the completion)."""
+    def handle(self, lane: int, items: Sequence[Item], reason: str,
+               slot: Callable[[], ContextManager[float]] | None = None) -> Completion:
+        """Write one batch; never raises (errors are returned in the completion).
+
+        ``slot``: the write scheduler's grant for this lane (a context manager
+        yielding the seconds waited). Only the database part runs inside it;
+        planning (dedupe) happens before, so a slot is held for writing only.
+        """
         started = time.perf_counter()
         result = Completion(lane=lane, reason=reason, records=len(items))
         for item in items:
@@ -157,10 +164,13 @@ class BatchWriter:
                 result.min_timestamp_ms = ts
         retries = [0]
         try:
+            grant = slot or _no_slot
             if self._exactly_once is not None:
-                failures = self._handle_exactly_once(lane, items, result, retries)
+                with grant() as waited_s:  # planning runs inside its transaction (after the offset check)
+                    result.queue_wait_s = waited_s if slot else None
+                    failures = self._handle_exactly_once(lane, items, result, retries)
             else:
-                failures = self._handle_at_least_once(items, result, retries)
+                failures = self._handle_at_least_once(items, result, retries, grant, slot is not None)
             for entry in failures:
                 result.dead_lettered[(entry.failure.stage, entry.failure.error_class)] += 1
             for item in items:
@@ -180,8 +190,18 @@ class BatchWriter:
         result.duration_s = time.perf_counter() - started
         return result
 
-    def _handle_at_least_once(self, items: Sequence[Item], result: Completion, retries: list[int]) -> list[DlqEntry]:
+    def _handle_at_least_once(self, items: Sequence[Item], result: Completion, retries: list[int],
+                              grant: Callable[[], ContextManager[float]], scheduled: bool) -> list[DlqEntry]:
         failures, rows, row_items = self.plan(items)
+        with grant() as waited_s:
+            result.queue_wait_s = waited_s if scheduled else None
+            if self._abort.is_set():
+                raise TransientError("aborted before writing", error_class="aborted")
+            self._write_and_dead_letter(failures, rows, row_items, result, retries)
+        return failures
+
+    def _write_and_dead_letter(self, failures: list[DlqEntry], rows: list[tuple[Any, ...]],
+                               row_items: list[list[Item]], result: Completion, retries: list[int]) -> None:
         calls = [0]
 
         def write_piece(piece: Sequence[int]) -> None:
@@ -203,7 +223,6 @@ class BatchWriter:
             for attempt in self._retrying("dlq write", retries):
                 with attempt:
                     self._dlq.put(failures)
-        return failures
 
     def _handle_exactly_once(self, lane: int, items: Sequence[Item], result: Completion,
                              retries: list[int]) -> list[DlqEntry]:
@@ -217,6 +236,11 @@ class BatchWriter:
         result.write_calls = calls
         result.skipped = skipped
         return failures
+
+
+@contextlib.contextmanager
+def _no_slot() -> Iterator[float]:
+    yield 0.0
 
 
 def _write_failure(exc: PermanentError) -> Failure:
