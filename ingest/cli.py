@@ -211,7 +211,7 @@ def _build_pipeline(settings: Settings, p: PipelineSettings, stop: threading.Eve
         until_idle_s=until_idle, metrics=metrics.pipeline(p.name) if metrics is not None else None,
         offset_store=offset_store, scheduler=(schedulers or {}).get(_sink_identity(p)),
     )
-    return pipeline, [sink, dlq]
+    return pipeline, [sink, dlq] + ([offset_store] if offset_store is not None else [])
 
 
 @app.command()

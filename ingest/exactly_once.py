@@ -99,6 +99,7 @@ class StoredOffsets:
     def __init__(self, dsn: str, schema: str, pipeline: str) -> None:
         self._dsn = dsn
         self._pipeline = pipeline
+        self._conn: psycopg.Connection[Any] | None = None
         t = sql.Identifier(schema, OFFSETS_TABLE)
         self._table = t
         self._select = sql.SQL(
@@ -111,15 +112,30 @@ class StoredOffsets:
             "SET next_offset = GREATEST({t}.next_offset, EXCLUDED.next_offset), updated_at = now()"
         ).format(t=t)
 
+    def _connection(self) -> psycopg.Connection[Any]:
+        """One long-lived autocommit connection (the pipeline thread stores offsets every commit tick)."""
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = psycopg.connect(self._dsn, connect_timeout=10, autocommit=True)
+        return self._conn
+
+    def _run(self, fn: Callable[[psycopg.Connection[Any]], Any]) -> Any:
+        try:
+            return fn(self._connection())
+        except psycopg.Error as exc:
+            if self._conn is not None and (self._conn.broken or self._conn.closed):
+                self._conn = None
+            raise classify(exc) from exc
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
     def load(self, tps: Iterable[Partition]) -> dict[Partition, int]:
         """Raises TransientError when the database is unreachable (the caller retries)."""
         tps = list(tps)
-        try:
-            with psycopg.connect(self._dsn, connect_timeout=10) as conn:
-                rows = conn.execute(self._select, (self._pipeline, [t.topic for t in tps],
-                                                   [t.partition for t in tps])).fetchall()
-        except psycopg.Error as exc:
-            raise classify(exc) from exc
+        rows = self._run(lambda conn: conn.execute(
+            self._select, (self._pipeline, [t.topic for t in tps], [t.partition for t in tps])).fetchall())
         return {Partition(topic, part): off for topic, part, off in rows}
 
     def load_all(self) -> dict[Partition, int]:
@@ -136,12 +152,13 @@ class StoredOffsets:
     def save(self, watermarks: dict[Partition, int]) -> None:
         if not watermarks:
             return
-        try:
-            with psycopg.connect(self._dsn, connect_timeout=10) as conn, conn.transaction(), conn.cursor() as cur:
+
+        def upsert(conn: psycopg.Connection[Any]) -> None:
+            with conn.transaction(), conn.cursor() as cur:
                 cur.executemany(self._upsert, [(self._pipeline, tp.topic, tp.partition, off)
                                                for tp, off in watermarks.items()])
-        except psycopg.Error as exc:
-            raise classify(exc) from exc
+
+        self._run(upsert)
 
 
 def write_batch_exactly_once(

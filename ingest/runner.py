@@ -178,7 +178,12 @@ class Lane(threading.Thread):
             if self._halt.is_set():
                 continue
             slot = self._slot if self._scheduler is not None else None
-            self._completions.put(self._writer.handle(self.index, items, reason, slot))
+            completion = self._writer.handle(self.index, items, reason, slot)
+            if completion.error is not None:
+                # Stop this lane (and its siblings) before the next queued batch: writing later
+                # batches past a failed one would, with exactly-once, move the lane offset past it.
+                self._halt.set()
+            self._completions.put(completion)
 
     @contextlib.contextmanager
     def _slot(self) -> Iterator[float]:
@@ -218,6 +223,8 @@ class Pipeline:
         self._health = self.metrics.health
         #: exactly-once mode: where the contiguous watermark lives (ingest.exactly_once.StoredOffsets)
         self._offset_store = offset_store
+        #: stored offsets seeked to on assignment, to be committed to Kafka for lag tooling
+        self._advisory_commits: dict[Partition, int] = {}
         self._source_factory = source_factory
         self._writer = writer
         self._stop = stop
@@ -270,6 +277,9 @@ class Pipeline:
                     seek_to = self._offset_store.load(partitions)
         for tp in partitions:
             self._tracker.assign(tp)
+        if seek_to:
+            # Kafka's (advisory) commit may lag the stored offsets after a crash: catch it up.
+            self._advisory_commits.update(seek_to)
         self._assigned_once = self._assigned_once or bool(partitions)
         self._last_activity_ms = monotonic_ms()
         self._health.assigned = len(self._tracker.partitions())
@@ -516,6 +526,8 @@ class Pipeline:
         candidates = self._tracker.commit_candidates()
         if only is not None:
             candidates = {tp: off for tp, off in candidates.items() if tp in only}
+        if self._advisory_commits:
+            self._commit_advisory(only)
         if not candidates:
             return
         if self._offset_store is not None:
@@ -569,6 +581,23 @@ class Pipeline:
             mark = self._tracker.committed(tp)
             if high is not None and mark is not None:
                 m.set_lag(tp.topic, tp.partition, max(0, high - mark))
+
+    def _commit_advisory(self, only: set[Partition] | None) -> None:
+        """Commit seeked-to stored offsets to Kafka (exactly-once mode) where no newer watermark exists yet."""
+        assert self._source is not None
+        pending = {tp: off for tp, off in self._advisory_commits.items()
+                   if (only is None or tp in only) and tp in self._tracker.partitions()
+                   and self._tracker.committed(tp) is None}
+        if pending:
+            try:
+                self._source.commit(pending)
+            except TransientError as exc:
+                log.warning("advisory commit failed; will retry", extra={"pipeline": self.settings.name,
+                                                                        "error": str(exc)})
+                return
+        for tp in list(self._advisory_commits):
+            if only is None or tp in only:
+                del self._advisory_commits[tp]
 
     def _idle(self, now_ms: int) -> bool:
         if self._until_idle_ms is None or not self._assigned_once:

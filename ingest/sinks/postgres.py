@@ -96,6 +96,8 @@ class UpsertStatements:
             "CREATE TEMP TABLE IF NOT EXISTS {stage} ({defs}) ON COMMIT DELETE ROWS"
         ).format(stage=stage, defs=col_defs)
         self.copy_stage = sql.SQL("COPY {stage} ({cols}) FROM STDIN (FORMAT BINARY)").format(stage=stage, cols=cols)
+        # Several pieces may share one transaction (exactly-once savepoints): empty the stage after each.
+        self.clear_stage = sql.SQL("DELETE FROM {stage}").format(stage=stage)
         select = sql.SQL(", ").join(select_exprs)
         conflict = self._conflict_clause(cfg, target)
         self.insert_from_stage = sql.SQL("INSERT INTO {t} AS t ({cols}) SELECT {sel} FROM {stage}{conflict}").format(
@@ -241,7 +243,7 @@ class PostgresSink:
                 with self._get_pool().connection() as conn, conn.transaction():
                     result = write_batch_exactly_once(
                         conn, lane=lane, items=items, lane_offsets=lane_offsets, plan=plan,
-                        write_rows=self._write_rows, put_dlq=put_dlq, write_failure=write_failure,
+                        write_rows=self._write_rows_and_clear, put_dlq=put_dlq, write_failure=write_failure,
                     )
                     return result
             except PoolTimeout as exc:
@@ -254,6 +256,12 @@ class PostgresSink:
                 raise TransientError(str(err), sqlstate=err.sqlstate, error_class="exactly_once_tx") from exc
 
         return run
+
+    def _write_rows_and_clear(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
+        """``_write_rows`` for several writes in one transaction: the stage is emptied after each."""
+        self._write_rows(conn, rows)
+        if self._cfg.write_method == "copy":
+            conn.execute(self._sql.clear_stage)
 
     def _write_rows(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
         with conn.cursor() as cur:
