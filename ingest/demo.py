@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import tempfile
 import threading
@@ -106,21 +107,11 @@ def run_demo(n_orders: int = 20_000, keep: bool = False) -> int:
         services = start_all()
     try:
         console.print(f"broker     {services.bootstrap}\npostgres   {services.pg_dsn.split('?')[0]}...")
-        admin = AdminClient({"bootstrap.servers": services.bootstrap})
+        admin = AdminClient({"bootstrap.servers": services.bootstrap}, logger=_QUIET)
         for fut in admin.create_topics([NewTopic(DEMO_TOPIC, PARTITIONS, 1)]).values():
             fut.result()
         events, expected, poison = make_events(n_orders)
-        producer = Producer({"bootstrap.servers": services.bootstrap, "enable.idempotence": True, "linger.ms": 10,
-                             "queue.buffering.max.messages": 1_000_000})
-        for key, value in events:
-            while True:
-                try:
-                    producer.produce(DEMO_TOPIC, key=key, value=value)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-            producer.poll(0)
-        producer.flush(30)
+        _produce(services.bootstrap, events)
         console.print(f"produced   {len(events):,} events for {n_orders:,} orders ({poison} poison records)")
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -155,11 +146,35 @@ def run_demo(n_orders: int = 20_000, keep: bool = False) -> int:
                 services.close()
 
 
+def _produce(bootstrap: str, events: list[tuple[bytes, bytes]]) -> None:
+    """Produce the sample stream (the producer is released on return, before the broker stops)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 10,
+                         "queue.buffering.max.messages": 1_000_000}, logger=_QUIET)
+    for key, value in events:
+        while True:
+            try:
+                producer.produce(DEMO_TOPIC, key=key, value=value)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    if producer.flush(30):
+        raise RuntimeError("the embedded broker did not acknowledge the sample stream")
+
+
+#: librdkafka's own connection chatter is noise in a demo.
+_QUIET = logging.getLogger("ingest.demo.rdkafka")
+_QUIET.setLevel(logging.CRITICAL)
+
+
 def _committed_lag(settings: Any, p: Any) -> int:
     """Records between the group's committed offsets and the log end (clamped at 0)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": p.effective_group_id})
+    consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": p.effective_group_id},
+                        logger=_QUIET)
     try:
         parts = [TopicPartition(DEMO_TOPIC, i) for i in range(PARTITIONS)]
         total = 0
@@ -197,11 +212,10 @@ def _report(console: Console, dsn: str, stats: Any, expected: dict[int, dict[str
     table.add_row("consumer lag after run", f"{lag} records")
     console.print(table)
     dlq_table = Table(title="dead-letter queue (ingest_dlq)")
-    for col in ("stage", "error class", "records", "example error", "e.g. partition/offset"):
-        dlq_table.add_column(col, no_wrap=True, overflow="ellipsis", min_width=len(col),
-                             max_width=52 if col == "example error" else None)
+    for col in ("stage", "error class", "records", "example (partition/offset: error)"):
+        dlq_table.add_column(col, no_wrap=col != "example (partition/offset: error)")
     for stage, error_class, count, message, where in dlq:
-        dlq_table.add_row(stage, error_class, str(count), message, where)
+        dlq_table.add_row(stage, error_class, str(count), f"{where}: {message[:45]}")
     console.print(dlq_table)
     ok = wrong == 0 and len(rows) == len(expected) and dlq_total == poison and lag == 0
     console.print("[bold green]demo OK[/]" if ok else "[bold red]demo found a mismatch[/]")

@@ -13,12 +13,14 @@ Every service is stopped by :meth:`EmbeddedServices.close` (also on exit).
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,7 +87,9 @@ def start_broker(services: EmbeddedServices, timeout_s: float = 20.0) -> str:
     )
     services._procs.append(proc)
     bootstrap = f"127.0.0.1:{port}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    quiet = logging.getLogger("ingest.embedded.rdkafka")
+    quiet.setLevel(logging.CRITICAL)  # "connection refused" while the broker starts is expected
+    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=quiet)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -111,7 +115,9 @@ def start_postgres(services: EmbeddedServices) -> str:
     data_dir = tempfile.mkdtemp(prefix="ingest-pg-")
     services._tmp.append(data_dir)
     os.chmod(data_dir, 0o777)
-    server = pgserver.get_server(data_dir, cleanup_mode="stop")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR in containers
+        server = pgserver.get_server(data_dir, cleanup_mode="stop")
     services._pg = server
     services.pg_dsn = server.get_uri()
     return services.pg_dsn
