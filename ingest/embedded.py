@@ -109,7 +109,9 @@ def start_postgres(services: EmbeddedServices) -> str:
         services.pg_dsn = dsn
         return dsn
     try:
-        import pgserver  # type: ignore[import-not-found]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR in containers
+            import pgserver  # type: ignore[import-not-found]
     except ImportError as exc:  # pragma: no cover
         raise RuntimeError("the embedded PostgreSQL needs pgserver: pip install 'ingest[demo]'") from exc
     data_dir = tempfile.mkdtemp(prefix="ingest-pg-")
