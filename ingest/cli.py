@@ -322,13 +322,11 @@ def run(
             err=True,
         )
     if summary_json is not None:
-        import resource
-
         import orjson
 
         summary = {
             "elapsed_s": round(elapsed, 3),
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss_bytes": _peak_rss_bytes(),
             "pipelines": {pl.settings.name: pl.stats.as_dict() for pl, _ in built},
             "errors": {name: str(exc) for name, exc in errors.items()},
         }
@@ -673,6 +671,20 @@ def lag(
             time.sleep(max(0.0, watch - (time.monotonic() - started)))
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
+
+
+def _peak_rss_bytes() -> int:
+    """This process's own peak RSS (VmHWM; ru_maxrss would inherit the spawning parent's across exec)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def main() -> None:

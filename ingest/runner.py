@@ -48,6 +48,7 @@ import collections
 import contextlib
 import logging
 import queue
+import random
 import threading
 import time
 from collections import Counter
@@ -256,6 +257,7 @@ class Pipeline:
         self._lane_in_flight = [0] * settings.lanes
         #: hot-key sketch fed with every HOT_KEY_SAMPLE-th record (unbiased shares, bounded cost)
         self._load = LaneLoad(settings.lanes)
+        self._rng = random.Random()
         self._sample_countdown = HOT_KEY_SAMPLE
         self._last_load_report_ms = monotonic_ms()
         self.last_load_report: Any = None
@@ -365,6 +367,7 @@ class Pipeline:
         skip_tombstones = self.settings.tombstones == "skip"
         deterministic = self._offset_store is not None  # exactly-once needs replay-stable routing
         lane_in_flight = self._lane_in_flight
+        spread_unkeyed = self.settings.unkeyed == "round_robin"  # unkeyed records are not one hot key
         n_lanes = len(batchers)
         self.stats.records_consumed += len(records)
         self.metrics.records_consumed.inc(len(records))
@@ -409,8 +412,10 @@ class Pipeline:
             lane_in_flight[lane] += 1
             self._sample_countdown -= 1
             if self._sample_countdown == 0:
-                self._sample_countdown = HOT_KEY_SAMPLE
-                self._load.observe(lane, key, size)
+                # A random gap (mean HOT_KEY_SAMPLE) so periodic key patterns cannot alias with the sampler.
+                self._sample_countdown = self._rng.randint(1, 2 * HOT_KEY_SAMPLE - 1)
+                if key is not None or not spread_unkeyed:
+                    self._load.observe(lane, key, size)
             if batcher.add(item, size, now_ms) is not None:
                 self._dispatch(lane, FlushReason.SIZE if len(batcher) >= max_rows else FlushReason.BYTES)
         self._in_flight_records += n_items
@@ -516,6 +521,7 @@ class Pipeline:
             )
             if below:
                 self._paused = False
+                self._last_activity_ms = monotonic_ms()
                 paused_s = time.monotonic() - self._paused_since_s
                 self.stats.paused_s += paused_s
                 self.metrics.paused_seconds.inc(paused_s)
@@ -602,6 +608,8 @@ class Pipeline:
     def _idle(self, now_ms: int) -> bool:
         if self._until_idle_ms is None or not self._assigned_once:
             return False
+        if self._paused:
+            return False  # backpressure, not a drained topic
         if not self._tracker.partitions():
             # An empty assignment (e.g. a rebalance still settling) is not "drained"; closing now
             # could also leave this broker's group mid-join.
