@@ -203,7 +203,8 @@ def _build_pipeline(settings: Settings, p: PipelineSettings, stop: threading.Eve
         exactly_once = sink.exactly_once_writer(pipeline=p.name, lanes=p.lanes, dlq=dlq)
         offset_store = StoredOffsets(p.sink.dsn.get_secret_value(), p.sink.db_schema, p.name)
     writer = BatchWriter(pipeline=p.name, write=sink.write, dlq=dlq, retry=p.retry,
-                         conflict_key_index=key_index, abort=abort, exactly_once=exactly_once)
+                         conflict_key_index=key_index, abort=abort, exactly_once=exactly_once,
+                         keep_first=isinstance(p.sink, PostgresSink) and p.sink.on_conflict == "nothing")
     source_factory = functools.partial(KafkaSource, settings.kafka, p.effective_group_id, list(p.topics))
     pipeline = Pipeline(
         p, source_factory=source_factory, writer=writer, stop=stop, abort=abort,

@@ -47,7 +47,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ingest.core.isolation import write_isolating
+from ingest.core.isolation import write_groups_isolating
 from ingest.errors import PermanentError
 from ingest.sinks.pg_errors import classify
 from ingest.types import Item, Partition
@@ -167,14 +167,14 @@ def write_batch_exactly_once(
     lane: int,
     items: Sequence[Item],
     lane_offsets: LaneOffsets,
-    plan: Callable[[Sequence[Item]], tuple[list[Any], list[tuple[Any, ...]], list[list[Item]]]],
+    plan: Callable[[Sequence[Item]], tuple[list[Any], list[list[Item]]]],
     write_rows: Callable[[psycopg.Connection[Any], Sequence[tuple[Any, ...]]], None],
     put_dlq: Callable[[psycopg.Connection[Any], list[Any]], None],
     write_failure: Callable[[Item, PermanentError], Any],
 ) -> tuple[int, list[Any], int, int]:
     """Run steps 1-5 of the module docstring inside ``conn``'s open transaction.
 
-    ``plan(items)`` returns (DLQ entries of pre-failed items, rows, items per row).
+    ``plan(items)`` returns (DLQ entries of pre-failed items, candidate groups: one row per group).
     Returns (rows written, DLQ entries, write statements, records skipped as
     already written). Raises TransientError / PermanentError from the database;
     the caller's transaction then rolls back whole.
@@ -186,21 +186,21 @@ def write_batch_exactly_once(
             high[tp] = item.record.offset + 1
     stored = lane_offsets.lock(conn, lane, sorted(high))
     fresh = [it for it in items if it.record.offset >= stored.get(it.record.tp, 0)]
-    failures, rows, row_items = plan(fresh)
+    failures, groups = plan(fresh)
     calls = [0]
 
-    def savepoint_write(piece: Sequence[int]) -> None:
+    def savepoint_write(piece: Sequence[Item]) -> None:
         calls[0] += 1
         try:
             with conn.transaction():  # a SAVEPOINT inside the batch transaction
-                write_rows(conn, [rows[i] for i in piece])
+                write_rows(conn, [item.row for item in piece])
         except psycopg.Error as exc:
             raise classify(exc) from exc
 
-    poison = write_isolating(range(len(rows)), savepoint_write)
-    for index, exc in poison:
-        failures.append(write_failure(row_items[index][-1], exc))
+    written, poison = write_groups_isolating(groups, savepoint_write)
+    for item, exc in poison:
+        failures.append(write_failure(item, exc))
     if failures:
         put_dlq(conn, failures)
     lane_offsets.advance(conn, lane, high)
-    return len(rows) - len(poison), failures, calls[0], len(items) - len(fresh)
+    return len(written), failures, calls[0], len(items) - len(fresh)

@@ -32,7 +32,7 @@ from typing import Any, ContextManager
 from tenacity import Retrying
 
 from ingest.config import RetrySettings
-from ingest.core.isolation import write_isolating
+from ingest.core.isolation import write_groups_isolating
 from ingest.dlq.base import DeadLetterQueue, DlqEntry
 from ingest.errors import FatalPipelineError, PermanentError, TransientError
 from ingest.sinks.base import dedup_token
@@ -98,6 +98,7 @@ class BatchWriter:
         conflict_key_index: Sequence[int] | None,
         abort: threading.Event,
         exactly_once: ExactlyOnceFn | None = None,
+        keep_first: bool = False,
     ) -> None:
         self._pipeline = pipeline
         self._write = write
@@ -107,6 +108,8 @@ class BatchWriter:
         self._key_index = tuple(conflict_key_index) if conflict_key_index else None
         self._abort = abort
         self._exactly_once = exactly_once
+        #: on_conflict: nothing -- the first record of a key wins, so it is the one written
+        self._keep_first = keep_first
 
     def _retrying(self, what: str, counter: list[int]) -> Retrying:
         def count() -> None:
@@ -116,14 +119,17 @@ class BatchWriter:
                         should_stop=self._abort.is_set)
 
     # -- the batch -----------------------------------------------------------------
-    def plan(self, items: Sequence[Item]) -> tuple[list[DlqEntry], list[tuple[Any, ...]], list[list[Item]]]:
-        """Split a batch into DLQ entries (pre-failed items), rows to write, and the items behind each row.
+    def plan(self, items: Sequence[Item]) -> tuple[list[DlqEntry], list[list[Item]]]:
+        """Split a batch into DLQ entries (pre-failed items) and candidate groups, one group per row to write.
 
-        Rows with the same conflict key collapse into one, the latest consumed item winning.
+        Records with the same conflict key form one group, ordered by preference:
+        latest consumed first (``on_conflict: update``), or first consumed first
+        (``on_conflict: nothing``). Only a group's first candidate is written; the
+        next is tried only if it fails alone (see ``write_groups_isolating``).
+        Without a conflict key every record is its own group.
         """
         failures: list[DlqEntry] = []
-        rows: list[tuple[Any, ...]] = []
-        row_items: list[list[Item]] = []
+        singles: list[list[Item]] = []
         groups: dict[Any, list[Item]] = {}
         key_index = self._key_index
         for item in items:
@@ -133,8 +139,7 @@ class BatchWriter:
             row = item.row
             assert row is not None
             if key_index is None:
-                rows.append(row)
-                row_items.append([item])
+                singles.append([item])
                 continue
             key = tuple(row[i] for i in key_index)
             group = groups.get(key)
@@ -142,10 +147,11 @@ class BatchWriter:
                 groups[key] = [item]
             else:
                 group.append(item)
-        for group in groups.values():
-            rows.append(group[-1].row)  # type: ignore[arg-type]
-            row_items.append(group)
-        return failures, rows, row_items
+        if key_index is None:
+            return failures, singles
+        if self._keep_first:
+            return failures, list(groups.values())
+        return failures, [group[::-1] for group in groups.values()]
 
     def handle(self, lane: int, items: Sequence[Item], reason: str,
                slot: Callable[[], ContextManager[float]] | None = None) -> Completion:
@@ -192,33 +198,33 @@ class BatchWriter:
 
     def _handle_at_least_once(self, items: Sequence[Item], result: Completion, retries: list[int],
                               grant: Callable[[], ContextManager[float]], scheduled: bool) -> list[DlqEntry]:
-        failures, rows, row_items = self.plan(items)
+        failures, groups = self.plan(items)
         with grant() as waited_s:
             result.queue_wait_s = waited_s if scheduled else None
             if self._abort.is_set():
                 raise TransientError("aborted before writing", error_class="aborted")
-            self._write_and_dead_letter(failures, rows, row_items, result, retries)
+            self._write_and_dead_letter(failures, groups, result, retries)
         return failures
 
-    def _write_and_dead_letter(self, failures: list[DlqEntry], rows: list[tuple[Any, ...]],
-                               row_items: list[list[Item]], result: Completion, retries: list[int]) -> None:
+    def _write_and_dead_letter(self, failures: list[DlqEntry], groups: list[list[Item]],
+                               result: Completion, retries: list[int]) -> None:
         calls = [0]
 
-        def write_piece(piece: Sequence[int]) -> None:
-            batch_rows = [rows[i] for i in piece]
+        def write_piece(piece: Sequence[Item]) -> None:
+            batch_rows = [item.row for item in piece]
             kwargs = {}
             if self._pass_token:
-                kwargs["token"] = dedup_token(self._pipeline, (it for i in piece for it in row_items[i]))
+                kwargs["token"] = dedup_token(self._pipeline, piece)
             for attempt in self._retrying("sink write", retries):
                 with attempt:
                     calls[0] += 1
                     self._write(batch_rows, **kwargs)
 
-        poison = write_isolating(range(len(rows)), write_piece)
+        written, poison = write_groups_isolating(groups, write_piece)
         result.write_calls = calls[0]
-        for index, exc in poison:
-            failures.append(DlqEntry(self._pipeline, row_items[index][-1].record, _write_failure(exc)))
-        result.rows_written = len(rows) - len(poison)
+        for item, exc in poison:
+            failures.append(DlqEntry(self._pipeline, item.record, _write_failure(exc)))
+        result.rows_written = len(written)
         if failures:
             for attempt in self._retrying("dlq write", retries):
                 with attempt:

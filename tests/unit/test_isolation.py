@@ -303,13 +303,14 @@ def test_writer_retries_transient_errors_during_isolation_and_dead_letters_only_
     assert len(sink.written) == 255  # a transient failure wrote nothing, no row twice
 
 
-def test_writer_dedupes_by_key_last_record_wins_and_dead_letters_the_winner() -> None:
+def test_writer_dedupes_by_key_and_falls_back_to_the_previous_record_when_the_winner_is_poison() -> None:
     items = [item(0, 1), item(1, 2), item(2, 1, bad=True), item(3, 3)]
     sink, dlq = RowSink(), FakeDlq()
     c = make_writer(sink, dlq).handle(0, items, "size")
     assert c.error is None
-    assert sorted(sink.written) == [(2, "ok", 1), (3, "ok", 3)]
-    assert [e.record.offset for e in dlq.entries] == [2]  # the winner of key 1 is the poison one
+    # key 1's latest record is poison: it goes to the DLQ and key 1's previous (good) record is written
+    assert sorted(sink.written) == [(1, "ok", 0), (2, "ok", 1), (3, "ok", 3)]
+    assert [e.record.offset for e in dlq.entries] == [2]
     assert sorted(c.done[(TP, 1)]) == [0, 1, 2, 3]
 
 
@@ -367,3 +368,42 @@ def test_writer_abort_cuts_retry_forever_short() -> None:
     assert "aborted" in str(c.error)
     assert c.done == {}
     assert len(attempts) == 3
+
+
+# --------------------------------------------------------------------------- fallback within a key
+def test_groups_fall_back_to_the_next_candidate_when_the_first_is_poison() -> None:
+    from ingest.core.isolation import write_groups_isolating
+
+    bad = {"k1-new", "k3-new", "k3-mid"}
+    written_rows: list[str] = []
+
+    def write(piece):
+        if any(c in bad for c in piece):
+            raise PermanentError("check violation", sqlstate="23514")
+        written_rows.extend(piece)
+
+    groups = [["k1-new", "k1-old"], ["k2-new"], ["k3-new", "k3-mid", "k3-old"], ["k4-new", "k4-old"]]
+    written, poison = write_groups_isolating(groups, write)
+    assert sorted(written) == ["k1-old", "k2-new", "k3-old", "k4-new"]
+    assert sorted(p for p, _ in poison) == ["k1-new", "k3-mid", "k3-new"]
+    assert sorted(written_rows) == sorted(written)  # each written exactly once, superseded ones never
+
+
+def test_groups_all_poison_leaves_the_group_unwritten() -> None:
+    from ingest.core.isolation import write_groups_isolating
+
+    def write(piece):
+        if any(c.startswith("x") for c in piece):
+            raise PermanentError("bad")
+
+    written, poison = write_groups_isolating([["x2", "x1"], ["ok"]], write)
+    assert written == ["ok"] and [p for p, _ in poison] == ["x2", "x1"]
+
+
+def test_writer_on_conflict_nothing_writes_the_first_record_of_a_key() -> None:
+    items = [item(0, 1), item(1, 1), item(2, 1)]
+    sink, dlq = RowSink(), FakeDlq()
+    w = BatchWriter(pipeline="p", write=sink, dlq=dlq, retry=RetrySettings(max_attempts=2),
+                    conflict_key_index=(0,), abort=threading.Event(), keep_first=True)
+    c = w.handle(0, items, "size")
+    assert c.error is None and sink.written == [(1, "ok", 0)]
