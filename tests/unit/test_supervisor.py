@@ -293,7 +293,9 @@ def test_until_idle_parent_exits_when_all_children_finished(make_run):
 def test_until_idle_a_failing_child_gives_the_worst_code(make_run):
     run = make_run(2, {0: ["exit:0"], 1: ["exit:2"]}, until_idle=True)
     assert run.wait() == 2, run.log()
-    assert run.signals(0) == [] and run.exits(0) == [0]
+    # Child 0 finishes with 0 whether it exits first or is stopped by the parent after child 1 failed
+    # (which of the two happens first is a race between two processes; either is correct).
+    assert run.exits(0) == [0], run.log()
 
 
 def test_without_until_idle_a_child_exiting_0_on_its_own_is_restarted(make_run):
