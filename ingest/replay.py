@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ingest.config import PipelineSettings
-from ingest.core.isolation import write_isolating
+from ingest.core.isolation import write_groups_isolating
 from ingest.core.mapping import Mapper
 from ingest.dlq.postgres import REPLAYS_HEADER
 from ingest.dlq.store import DlqFilter, DlqRow, DlqStore
@@ -103,6 +103,7 @@ class Replayer:
         keys = getattr(pipeline.sink, "conflict_key", None) or getattr(pipeline.sink, "order_by", None) or []
         on_conflict = getattr(pipeline.sink, "on_conflict", "update")
         self._key_index = [names.index(k) for k in keys] if keys and on_conflict != "none" else None
+        self._keep_first = on_conflict == "nothing"
 
     def count(self, f: DlqFilter, limit: int | None) -> tuple[int, int]:
         """(entries that would be replayed, entries over the replay limit) -- for --dry-run and progress."""
@@ -172,11 +173,19 @@ class Replayer:
                 singles.append([(row, mapped)])
             else:
                 groups.setdefault(tuple(mapped[i] for i in self._key_index), []).append((row, mapped))
-        units = singles + list(groups.values())  # each unit: entries collapsing into one row (last wins)
+        units = singles + list(groups.values())  # each unit: the entries of one key, in offset order
+        # Candidates per unit in order of preference (latest first; first first for on_conflict nothing).
+        # Writing candidate j settles the entries it supersedes; a poison candidate falls back to the next.
+        order = (lambda n: range(n)) if self._keep_first else (lambda n: range(n - 1, -1, -1))
+        candidates = [[(u, j) for j in order(len(unit))] for u, unit in enumerate(units)]
 
-        def write(piece: Sequence[int]) -> None:
-            batch_rows = [units[i][-1][1] for i in piece]
-            ids = [row.id for i in piece for row, _ in units[i]]
+        def settled(u: int, j: int) -> list[int]:
+            span = range(j, len(units[u])) if self._keep_first else range(j + 1)
+            return [units[u][k][0].id for k in span]
+
+        def write(piece: Sequence[tuple[int, int]]) -> None:
+            batch_rows = [units[u][j][1] for u, j in piece]
+            ids = [entry_id for u, j in piece for entry_id in settled(u, j)]
             if self._same_db:
                 self._sink.write(batch_rows, tx_hook=lambda conn: self._store.mark_replayed(conn, ids, purge=self._purge))
             else:
@@ -184,10 +193,9 @@ class Replayer:
                 with self._store.connect() as conn:
                     self._store.mark_replayed(conn, ids, purge=self._purge)
 
-        poison = write_isolating(range(len(units)), write)
-        for index, exc in poison:
-            for row, _ in units[index]:
-                failures.append((row.id, Failure("write", exc.error_class, str(exc), exc.sqlstate)))
+        _, poison = write_groups_isolating(candidates, write)
+        for (u, j), exc in poison:
+            failures.append((units[u][j][0].id, Failure("write", exc.error_class, str(exc), exc.sqlstate)))
         if failures:
             with self._store.connect() as conn:
                 self._store.mark_failed(conn, failures, self._max_replays)
