@@ -209,12 +209,15 @@ class BatchWriter:
     def _write_and_dead_letter(self, failures: list[DlqEntry], groups: list[list[Item]],
                                result: Completion, retries: list[int]) -> None:
         calls = [0]
+        # The insert token covers every record behind the piece's rows (the whole key group), so the
+        # same batch replayed in any order produces the same token.
+        group_of = {id(item): group for group in groups for item in group} if self._pass_token else {}
 
         def write_piece(piece: Sequence[Item]) -> None:
             batch_rows = [item.row for item in piece]
             kwargs = {}
             if self._pass_token:
-                kwargs["token"] = dedup_token(self._pipeline, piece)
+                kwargs["token"] = dedup_token(self._pipeline, (it for c in piece for it in group_of[id(c)]))
             for attempt in self._retrying("sink write", retries):
                 with attempt:
                     calls[0] += 1
