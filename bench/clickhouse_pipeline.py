@@ -43,8 +43,6 @@ from pathlib import Path
 
 import orjson
 import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -52,10 +50,12 @@ from ingest.config import PipelineSettings  # noqa: E402
 from ingest.core.mapping import Mapper  # noqa: E402
 from ingest.embedded import start_all  # noqa: E402
 from ingest.sinks.clickhouse import create_table_sql  # noqa: E402
-from ingest.types import Item, Record  # noqa: E402
+from ingest.types import Item  # noqa: E402
 from ingest.writer import BatchWriter  # noqa: E402
 
-PARTITIONS = 6
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import PARTITIONS, consume_all, create_topic, produce  # noqa: E402
+
 BATCH_ROWS = 5000
 DATABASE = "bench"
 COLUMNS = {
@@ -65,40 +65,6 @@ COLUMNS = {
     "amount": {"type": "Decimal(12, 2)", "source": "$.amount"},
     "ts": {"type": "DateTime64(3)", "source": "$.ts"},
 }
-CONSUMER = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "auto.offset.reset": "earliest",
-            "enable.auto.commit": False}
-
-
-def produce(bootstrap: str, topic: str, n: int) -> None:
-    keys = max(1, n // 3)
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                  "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
-    for i in range(n):
-        k = (i * 7919) % keys
-        value = orjson.dumps({"id": k, "user": i % 997, "kind": "click" if i % 3 else "view",
-                              "amount": round(i % 10000 / 100, 2), "ts": 1764460800000 + i})
-        while True:
-            try:
-                p.produce(topic, key=str(k).encode(), value=value)
-                break
-            except BufferError:
-                p.poll(0.05)
-        if i % 10000 == 0:
-            p.poll(0)
-    if p.flush(60) != 0:
-        raise RuntimeError("produce did not finish")
-
-
-def consume_all(bootstrap: str, topic: str, n: int) -> list[Record]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}", **CONSUMER})
-    c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    out: list[Record] = []
-    while len(out) < n:
-        for m in c.consume(10000, timeout=1.0):
-            if m.error() is None:
-                out.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1]))
-    c.close()
-    return out
 
 
 def pipeline_settings(name: str, url: str, topic: str, lanes: int, dlq_dsn: str) -> dict:
@@ -212,9 +178,7 @@ def main() -> None:
     try:
         bootstrap, dlq_dsn = services.bootstrap, services.pg_dsn
         topic = f"bench-{uuid.uuid4().hex[:8]}"
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        for f in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
-            f.result()
+        create_topic(bootstrap, topic)
         t = time.perf_counter()
         produce(bootstrap, topic, n)
         print(f"produced {n} records in {time.perf_counter() - t:.1f} s", flush=True)
@@ -222,7 +186,7 @@ def main() -> None:
         settings = PipelineSettings.model_validate(
             pipeline_settings("raw", "chdb://memory", topic, 1, dlq_dsn))
         mapper = Mapper(settings.sink.columns)
-        records = consume_all(bootstrap, topic, n)
+        records, _ = consume_all(bootstrap, topic, n)
         start = time.perf_counter()
         rows = [mapper.map(r)[0] for r in records]
         t_m = time.perf_counter() - start

@@ -35,14 +35,14 @@ from pathlib import Path
 import orjson
 import psycopg
 import yaml
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ingest.embedded import start_all  # noqa: E402
 
-PARTITIONS = 6
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import PARTITIONS, create_topic, produce  # noqa: E402
+
 BATCH_ROWS = 5000
 MODES = ("at_least_once", "exactly_once")
 COLUMNS = {
@@ -54,24 +54,10 @@ COLUMNS = {
 }
 
 
-def produce(bootstrap: str, topic: str, n: int) -> None:
-    keys = max(1, n // 3)
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                  "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
-    for i in range(n):
-        k = (i * 7919) % keys
-        value = orjson.dumps({"id": i, "k": k, "kind": "click" if i % 3 else "view",
-                              "amount": round(i % 10000 / 100, 2), "ts": 1764460800000 + i})
-        while True:
-            try:
-                p.produce(topic, key=str(k).encode(), value=value)
-                break
-            except BufferError:
-                p.poll(0.05)
-        if i % 10000 == 0:
-            p.poll(0)
-    if p.flush(60) != 0:
-        raise RuntimeError("produce did not finish")
+def append_only_event(i: int, key: int) -> bytes:
+    """Every record has its own id (append-only table: each must land once)."""
+    return orjson.dumps({"id": i, "k": key, "kind": "click" if i % 3 else "view",
+                         "amount": round(i % 10000 / 100, 2), "ts": 1764460800000 + i})
 
 
 def run_mode(bootstrap: str, topic: str, dsn: str, mode: str, lanes: int, n: int, tag: str) -> dict:
@@ -121,11 +107,9 @@ def main() -> None:
     try:
         bootstrap, dsn = services.bootstrap, services.pg_dsn
         topic = f"bench-eo-{uuid.uuid4().hex[:8]}"
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        for f in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
-            f.result()
+        create_topic(bootstrap, topic)
         t = time.perf_counter()
-        produce(bootstrap, topic, args.records)
+        produce(bootstrap, topic, args.records, value=append_only_event)
         print(f"produced {args.records} records in {time.perf_counter() - t:.1f} s", flush=True)
 
         results: dict[str, list[dict]] = {m: [] for m in MODES}

@@ -32,8 +32,7 @@ from pathlib import Path
 import orjson
 import psycopg
 import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -43,7 +42,9 @@ from ingest.embedded import start_all  # noqa: E402
 from ingest.sinks.postgres import PostgresSink  # noqa: E402
 from ingest.types import Record  # noqa: E402
 
-PARTITIONS = 6
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import CONSUMER, PARTITIONS, consume_all, create_topic, produce  # noqa: E402
+
 BATCH_ROWS = 5000
 COLUMNS = {
     "event_id": {"type": "bigint", "source": "$.id", "required": True},
@@ -52,45 +53,6 @@ COLUMNS = {
     "amount": {"type": "numeric(12,2)", "source": "$.amount"},
     "ts": {"type": "timestamptz", "source": "$.ts"},
 }
-CONSUMER = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "auto.offset.reset": "earliest",
-            "enable.auto.commit": False}
-
-
-def produce(bootstrap: str, topic: str, n: int) -> None:
-    keys = max(1, n // 3)
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                  "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
-    for i in range(n):
-        k = (i * 7919) % keys
-        value = orjson.dumps({"id": k, "user": i % 997, "kind": "click" if i % 3 else "view",
-                              "amount": round(i % 10000 / 100, 2), "ts": 1764460800000 + i})
-        while True:
-            try:
-                p.produce(topic, key=str(k).encode(), value=value)
-                break
-            except BufferError:
-                p.poll(0.05)
-        if i % 10000 == 0:
-            p.poll(0)
-    if p.flush(60) != 0:
-        raise RuntimeError("produce did not finish")
-
-
-def consume_all(bootstrap: str, topic: str, n: int) -> tuple[list[Record], float]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}", **CONSUMER})
-    c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    out: list[Record] = []
-    start = None
-    while len(out) < n:
-        msgs = c.consume(10000, timeout=1.0)
-        if start is None and msgs:
-            start = time.perf_counter()
-        for m in msgs:
-            if m.error() is None:
-                out.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1]))
-    elapsed = time.perf_counter() - (start or time.perf_counter())
-    c.close()
-    return out, elapsed
 
 
 def make_table(dsn: str, name: str, keyed: bool) -> None:
@@ -197,9 +159,7 @@ def main() -> None:
     try:
         bootstrap, dsn = services.bootstrap, services.pg_dsn
         topic = f"bench-{uuid.uuid4().hex[:8]}"
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        for f in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
-            f.result()
+        create_topic(bootstrap, topic)
         t = time.perf_counter()
         produce(bootstrap, topic, args.records)
         print(f"produced {args.records} records in {time.perf_counter() - t:.1f} s", flush=True)
