@@ -59,6 +59,7 @@ from uuid import UUID
 import orjson
 
 from ingest.config import CH_INT_RANGES, ChType, ColumnSpec, ch_type, pg_base_type
+from ingest.core.fastmap import FastColumn, compile_fast_map
 from ingest.errors import InvalidRecord
 from ingest.types import Record
 
@@ -537,6 +538,26 @@ def _ch_coercer(t: ChType) -> Coercer:
     return simple[kind]
 
 
+def _pg_inline(base: str) -> tuple[Any, ...] | None:
+    """The fast path's inline check for a PostgreSQL column (see ingest.core.fastmap)."""
+    if base in _INT_RANGES:
+        return ("int", *_INT_RANGES[base])
+    if base in ("text", "varchar"):
+        return ("text", True)
+    return None
+
+
+def _ch_inline(t: ChType) -> tuple[Any, ...] | None:
+    """The fast path's inline check for a ClickHouse column (``Nullable``/``LowCardinality`` see through)."""
+    while t.kind in ("nullable", "lowcardinality") and t.inner is not None:
+        t = t.inner
+    if t.kind == "int":
+        return ("int", *CH_INT_RANGES[t.name])
+    if t.kind == "string":
+        return ("text", False)
+    return None
+
+
 # --------------------------------------------------------------------------- getters
 # A getter returns the raw value or None when the source is missing (or JSON null).
 
@@ -666,7 +687,7 @@ class Mapper:
     key path, or a default that is not valid for its column's type.
     """
 
-    __slots__ = ("column_names", "column_types", "_plan", "_needs_json", "_needs_object", "_key_getter")
+    __slots__ = ("column_names", "column_types", "_plan", "_needs_json", "_needs_object", "_key_getter", "_fast")
 
     def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None, *,
                  dialect: str | None = None) -> None:
@@ -686,6 +707,7 @@ class Mapper:
 
         plan = []
         types = []
+        fast_columns = []
         for name, spec in columns.items():
             required = spec.required
             implicit_default = None
@@ -696,6 +718,7 @@ class Mapper:
                     raise ValueError(f"column {name!r}: {exc}") from None
                 base, full = "", ch.name
                 coerce = _ch_coercer(ch)
+                inline = _ch_inline(ch)
                 if ch.kind == "array":
                     implicit_default = []
                 elif not ch.nullable and spec.default is None:
@@ -706,9 +729,14 @@ class Mapper:
                 except ValueError as exc:
                     raise ValueError(f"column {name!r}: {exc}") from None
                 coerce = _coercer_for(base)
+                inline = _pg_inline(base)
             source = sources[name]
+            doc_key: str | None = None
             if source.startswith("$"):
-                getter = _path_getter(parsed[source], self._needs_object)
+                steps = parsed[source]
+                getter = _path_getter(steps, self._needs_object)
+                if len(steps) == 1 and steps[0][0]:
+                    doc_key = str(steps[0][1])
             else:
                 try:
                     getter = _metadata_getter(source, as_text=base != "bytea")
@@ -721,6 +749,7 @@ class Mapper:
                 except _Bad as exc:
                     raise ValueError(f"column {name!r}: default is not a valid {full}: {exc.detail}") from None
             plan.append((name, source, getter, coerce, default, required))
+            fast_columns.append(FastColumn(getter, doc_key, coerce, default, required, inline))
             types.append(full)
         self._plan: tuple[tuple[str, str, Getter, Coercer, Any, bool], ...] = tuple(plan)
         #: Column names in row order.
@@ -735,8 +764,21 @@ class Mapper:
             self._key_getter = _path_getter(parsed[key_path], self._needs_object)
         else:
             self._key_getter = _metadata_getter(key_path, as_text=False)
+        self._fast = compile_fast_map(fast_columns, needs_json=self._needs_json, needs_object=self._needs_object,
+                                      key_getter=self._key_getter, render_key=_render_key)
 
     def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
+        """Return ``(row, ordering_key)`` for ``record`` (same contract as :meth:`map_generic`).
+
+        Tries the compiled fast path (:mod:`ingest.core.fastmap`) first; any
+        record it declines goes through the generic loop.
+        """
+        try:
+            return self._fast(record)
+        except Exception:  # noqa: BLE001 - the generic loop gives the precise result or error
+            return self.map_generic(record)
+
+    def map_generic(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
         """Return ``(row, ordering_key)`` for ``record``.
 
         ``row`` holds one psycopg-ready value per column, in ``column_names``

@@ -714,3 +714,50 @@ def test_bytea_uuid_roundtrip(b: bytes, u: uuid.UUID) -> None:
     assert one("bytea", base64.b64encode(b).decode()) == b
     assert one("uuid", str(u)) == u
     assert one("uuid", u.hex.upper()) == u
+
+
+# --------------------------------------------------------------------------- compiled fast path
+
+
+def outcome(fn: Any, record: Record) -> tuple[str, Any]:
+    """What ``fn(record)`` did, comparable across calls: ("ok", repr of the result) or ("error", its fields)."""
+    try:
+        return "ok", repr(fn(record))
+    except InvalidRecord as err:
+        return "error", (err.stage, err.error_class, err.message)
+
+
+def assert_fast_path_agrees(mapper: Mapper, record: Record) -> None:
+    assert outcome(mapper.map, record) == outcome(mapper.map_generic, record)
+
+
+@_PROPERTY
+@given(doc=_HOSTILE_DOCS, ascii_only=st.booleans(), key=_KEYS, headers=_HEADERS)
+def test_fast_path_agrees_with_generic_loop(doc: Any, ascii_only: bool, key: bytes | None, headers: Any) -> None:
+    record = rec(raw=encode(doc, ascii_only), key=key, headers=headers)
+    for mapper in [HOSTILE, WHOLE, *(m for m, _ in SINGLES)]:
+        assert_fast_path_agrees(mapper, record)
+
+
+@pytest.mark.parametrize("value", [0, -(2**63), 2**63 - 1, 2**63, -(2**63) - 1, 2**31, True, 1.0, "7", None])
+def test_fast_path_int_bounds_agree(value: Any) -> None:
+    """The inline int check uses each type's own range; out-of-range values reach the coercer's error."""
+    for type_ in ("smallint", "integer", "bigint"):
+        for required in (True, False):
+            mapper = Mapper({"n": ColumnSpec(type=type_, required=required)})
+            assert_fast_path_agrees(mapper, rec({"n": value}))
+
+
+def test_fast_path_text_with_nul_is_rejected_like_the_generic_loop() -> None:
+    mapper = Mapper({"t": ColumnSpec(type="text")})
+    record = rec(raw=orjson.dumps({"t": "a\x00b"}))
+    assert_fast_path_agrees(mapper, record)
+    with pytest.raises(InvalidRecord, match="NUL"):
+        mapper.map(record)
+
+
+def test_fast_path_source_names_are_data_not_code() -> None:
+    """Hostile JSON keys in sources become string literals in the generated function."""
+    nasty = "a' + exit(3) + '\\\n\"#"
+    mapper = Mapper({"c": ColumnSpec(type="text", source=f"$.{nasty}")})
+    assert mapper.map(rec(raw=orjson.dumps({nasty: "ok"})))[0] == ("ok",)

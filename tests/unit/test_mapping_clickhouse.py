@@ -302,3 +302,31 @@ def test_types_normalise_in_the_model() -> None:
     }})
     assert p.sink.columns["d"].type == "Decimal(12, 2)"
     assert Mapper(p.sink.columns).column_types == ("UInt64", "Decimal(12, 2)", "UInt64")
+
+
+# --------------------------------------------------------------------------- compiled fast path
+
+_CH_FAST_TYPES = ["UInt8", "Int64", "UInt64", "String", "LowCardinality(String)", "Nullable(Int32)",
+                  "LowCardinality(Nullable(String))", "Nullable(String)", "Float64", "Decimal(12, 2)",
+                  "DateTime64(3)", "Array(Int16)", "Bool"]
+_CH_VALUES = (st.none() | st.booleans() | st.integers(min_value=-(2**64), max_value=2**64)
+              | st.floats(allow_nan=False) | st.text(max_size=8) | st.lists(st.integers(-40000, 40000), max_size=3))
+
+
+def _outcome(fn: Any, record: Record) -> tuple[str, Any]:
+    try:
+        return "ok", repr(fn(record))
+    except InvalidRecord as err:
+        return "error", (err.stage, err.error_class, err.message)
+
+
+@given(st.sampled_from(_CH_FAST_TYPES), _CH_VALUES, st.booleans())
+def test_fast_path_agrees_with_generic_loop(type_: str, value: Any, with_default: bool) -> None:
+    """Inline checks see through Nullable/LowCardinality and keep each Int type's own range."""
+    try:
+        mapper = col(type_, default=1) if with_default and "Int" in type_ else col(type_)
+        raw = orjson.dumps({"c": value})
+    except (ValueError, TypeError):  # default not valid for the type / int beyond orjson's 64 bits
+        return
+    record = Record("orders", 3, 17, b"k", raw, 1_700_000_000_000)
+    assert _outcome(mapper.map, record) == _outcome(mapper.map_generic, record)

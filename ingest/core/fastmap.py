@@ -1,0 +1,109 @@
+"""Compile a mapper's column plan into one straight-line Python function (the fast path).
+
+:class:`~ingest.core.mapping.Mapper` keeps a generic loop over its plan that
+produces precise errors. That loop costs a tuple unpack, a getter call and a
+coercer call per column per record. This module generates, once per mapper,
+source code equivalent to the loop for the *successful* case only, with:
+
+* one-key paths (``$.a``) read inline as ``doc.get('a')``;
+* the commonest values checked inline: an ``int`` already in its column's range,
+  a ``str`` going to a text column (no NUL for PostgreSQL);
+* every other value handed to the column's own coercer (the same function the
+  generic loop calls).
+
+Contract: ``fast(record)`` either returns exactly what the generic
+``Mapper.map`` would return for that record, or raises *any* exception
+(``_Fallback``, a coercer's error, ``orjson.JSONDecodeError``...), in which case
+the caller runs the generic loop, which then returns the result or raises the
+precise :class:`~ingest.errors.InvalidRecord`. Poison records therefore cost two
+attempts; good records cost one cheap one. Property tests check the equivalence.
+
+Only constants of this module and the mapper's own callables reach the
+generated code (bound as globals of the generated function); column names and
+paths appear only as ``repr()`` string literals, never as code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+FastMap = Callable[[Any], tuple[tuple[Any, ...], bytes | None]]
+
+
+class _Fallback(Exception):
+    """The fast path declines this record; the generic loop decides."""
+
+
+@dataclass(frozen=True, slots=True)
+class FastColumn:
+    """What the generator needs to know about one column.
+
+    ``getter``: the generic ``getter(record, doc)``; ``doc_key`` when the source is
+    a one-key path read from a dict document (then ``doc.get(doc_key)`` is inlined).
+    ``inline``: ``("int", lo, hi)``, ``("text", forbid_nul)`` or ``None`` (always call ``coerce``).
+    ``default``: the value for a missing optional column (shared object, as in the generic loop).
+    """
+
+    getter: Callable[[Any, Any], Any]
+    doc_key: str | None
+    coerce: Callable[[Any], Any]
+    default: Any
+    required: bool
+    inline: tuple[Any, ...] | None
+
+
+def compile_fast_map(columns: Sequence[FastColumn], *, needs_json: bool, needs_object: bool,
+                     key_getter: Callable[[Any, Any], Any] | None,
+                     render_key: Callable[[Any], bytes | None]) -> FastMap:
+    """Return ``fast(record) -> (row, ordering_key)`` (see the module contract)."""
+    env: dict[str, Any] = {"_loads": orjson.loads, "_Fallback": _Fallback, "_render_key": render_key,
+                           "_dict": dict, "_int": int, "_str": str}
+    lines = ["def fast(record):", "    value = record.value", "    if value is None:", "        raise _Fallback"]
+    if needs_json:
+        lines.append("    doc = _loads(value)")
+        if needs_object:
+            lines += ["    if type(doc) is not _dict:", "        raise _Fallback"]
+    else:
+        lines.append("    doc = None")
+    names = []
+    for i, col in enumerate(columns):
+        v, c = f"v{i}", f"c{i}"
+        names.append(c)
+        env[f"coerce{i}"] = col.coerce
+        if col.doc_key is not None and needs_object:
+            lines.append(f"    {v} = doc.get({col.doc_key!r})")
+        else:
+            env[f"get{i}"] = col.getter
+            lines.append(f"    {v} = get{i}(record, doc)")
+        lines.append(f"    if {v} is None:")
+        if col.required:
+            lines.append("        raise _Fallback")
+        else:
+            env[f"default{i}"] = col.default
+            lines.append(f"        {c} = default{i}")
+        kind = col.inline[0] if col.inline else None
+        if kind == "int":
+            _, lo, hi = col.inline  # type: ignore[misc]
+            lines.append(f"    elif type({v}) is _int and {lo!r} <= {v} <= {hi!r}:")
+            lines.append(f"        {c} = {v}")
+        elif kind == "text":
+            forbid_nul = col.inline[1]  # type: ignore[index]
+            cond = f"type({v}) is _str" + (f" and '\\x00' not in {v}" if forbid_nul else "")
+            lines.append(f"    elif {cond}:")
+            lines.append(f"        {c} = {v}")
+        lines.append("    else:")
+        lines.append(f"        {c} = coerce{i}({v})")
+    if key_getter is None:
+        lines.append("    key = record.key")
+    else:
+        env["key_getter"] = key_getter
+        lines.append("    key = _render_key(key_getter(record, doc))")
+    row = "(" + ", ".join(names) + ("," if len(names) == 1 else "") + ")"
+    lines.append(f"    return {row}, key")
+    code = compile("\n".join(lines) + "\n", "<ingest.fastmap>", "exec")
+    exec(code, env)  # noqa: S102 - generated from the fixed template above; config values are repr() literals
+    return env["fast"]  # type: ignore[no-any-return]
