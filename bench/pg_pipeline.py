@@ -40,6 +40,7 @@ from ingest.config import PostgresSink as PostgresSinkSettings  # noqa: E402
 from ingest.core.mapping import Mapper  # noqa: E402
 from ingest.embedded import start_all  # noqa: E402
 from ingest.sinks.postgres import PostgresSink  # noqa: E402
+from ingest.tuning import tune_for_throughput  # noqa: E402
 from ingest.types import Record  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -164,6 +165,8 @@ def main() -> None:
         produce(bootstrap, topic, args.records)
         print(f"produced {args.records} records in {time.perf_counter() - t:.1f} s", flush=True)
 
+        # (a)-(d) run under the same interpreter settings as `ingest run` (GC, switch interval).
+        tune_for_throughput()
         records, t_a = consume_all(bootstrap, topic, args.records)
         mapper = Mapper(sink_settings(dsn, "x").columns)
         rows = [mapper.map(r)[0] for r in records]

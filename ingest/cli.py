@@ -284,7 +284,7 @@ def run(
         raise _fail(EXIT_CONFIG, str(exc)) from None
     errors: dict[str, BaseException] = {}
     started = time.monotonic()
-    from ingest.gc_tuning import tune_for_throughput
+    from ingest.tuning import tune_for_throughput
 
     tune_for_throughput()
 

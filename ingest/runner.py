@@ -357,9 +357,13 @@ class Pipeline:
         return self.stats
 
     def _accept(self, records: list[Record], now_ms: int) -> None:
-        """Track, map and route one polled chunk. The hot path: keep it lean."""
+        """Track, map and route one polled chunk. The hot path: keep it lean.
+
+        Offsets are tracked per run of one partition (records arrive in such runs)
+        with one ``track_many`` call, before anything of the run can complete:
+        completions are applied on this thread, after ``_accept`` returns.
+        """
         tracker = self._tracker
-        track = tracker.track
         map_record = self._mapper.map
         lane_of = self._router.lane
         batchers = self._batchers
@@ -369,42 +373,53 @@ class Pipeline:
         lane_in_flight = self._lane_in_flight
         spread_unkeyed = self.settings.unkeyed == "round_robin"  # unkeyed records are not one hot key
         n_lanes = len(batchers)
+        single = batchers[0] if n_lanes == 1 else None
         self.stats.records_consumed += len(records)
         self.metrics.records_consumed.inc(len(records))
-        last_key: tuple[str, int] | None = None
+        topic: str | None = None
+        partition = -1
         tp = Partition("", -1)
         epoch: int | None = None
+        last_offset = -1
+        run: list[int] = []
+        skipped: list[tuple[Partition, int, int]] = []  # tombstones done at once: (tp, offset, epoch)
         n_items = 0
         n_bytes = 0
         for rec in records:
-            if (rec.topic, rec.partition) != last_key:  # records arrive in runs per partition
-                last_key = (rec.topic, rec.partition)
-                tp = Partition(rec.topic, rec.partition)
+            if rec.partition != partition or rec.topic != topic:  # a new run of one partition
+                if run:
+                    tracker.track_many(tp, run)  # so that last_tracked below sees it
+                    run = []
+                topic, partition = rec.topic, rec.partition
+                tp = Partition(topic, partition)
                 epoch = tracker.epoch(tp)
+                last = tracker.last_tracked(tp)
+                last_offset = -1 if last is None else last
             if epoch is None:
                 continue  # not assigned any more (revoked during this poll)
-            try:
-                track(tp, rec.offset)
-            except ValueError:
-                log.warning("offset went backwards; ignoring redelivery", extra={"partition": str(tp), "offset": rec.offset})
+            offset = rec.offset
+            if offset <= last_offset:
+                log.warning("offset went backwards; ignoring redelivery", extra={"partition": str(tp), "offset": offset})
                 continue
+            last_offset = offset
+            run.append(offset)
             value = rec.value
             if value is None and skip_tombstones:
-                tracker.done(tp, rec.offset, epoch)
-                self.stats.skipped += 1
+                skipped.append((tp, offset, epoch))
                 continue
-            size = (len(value) if value is not None else 0) + (len(rec.key) if rec.key is not None else 0) + 64
+            key_bytes = rec.key
+            size = (len(value) if value is not None else 0) + (len(key_bytes) if key_bytes is not None else 0) + 64
             try:
                 row, key = map_record(rec)
                 item = Item(rec, row, None, epoch, size)
             except InvalidRecord as exc:
                 item = Item(rec, None, Failure(exc.stage, exc.error_class, exc.message), epoch, size)
-                key = rec.key
-            if n_lanes == 1:
-                lane = 0
+                key = key_bytes
+            if single is not None:
+                lane, batcher = 0, single
             else:
-                lane = lane_of(key) if key is not None or not deterministic else rec.offset % n_lanes
-            batcher = batchers[lane]
+                lane = lane_of(key) if key is not None or not deterministic else offset % n_lanes
+                batcher = batchers[lane]
             if not batcher.fits(size):
                 self._dispatch(lane, FlushReason.SIZE if len(batcher) >= max_rows else FlushReason.BYTES)
             n_items += 1
@@ -418,6 +433,11 @@ class Pipeline:
                     self._load.observe(lane, key, size)
             if batcher.add(item, size, now_ms) is not None:
                 self._dispatch(lane, FlushReason.SIZE if len(batcher) >= max_rows else FlushReason.BYTES)
+        if run:
+            tracker.track_many(tp, run)
+        for skipped_tp, offset, skipped_epoch in skipped:
+            tracker.done(skipped_tp, offset, skipped_epoch)
+        self.stats.skipped += len(skipped)
         self._in_flight_records += n_items
         self._in_flight_bytes += n_bytes
 

@@ -19,9 +19,11 @@ error and no offsets: nothing of that batch will be committed.
 
 from __future__ import annotations
 
-import inspect
 import contextlib
+import inspect
+import itertools
 import logging
+import operator
 import threading
 import time
 from collections import Counter
@@ -105,7 +107,8 @@ class BatchWriter:
         self._pass_token = _accepts_token(write)
         self._dlq = dlq
         self._retry = retry
-        self._key_index = tuple(conflict_key_index) if conflict_key_index else None
+        #: the conflict key of a row (a value for one key column, a tuple for several), None: no key
+        self._key_of = operator.itemgetter(*conflict_key_index) if conflict_key_index else None
         self._abort = abort
         self._exactly_once = exactly_once
         #: on_conflict: nothing -- the first record of a key wins, so it is the one written
@@ -131,27 +134,27 @@ class BatchWriter:
         failures: list[DlqEntry] = []
         singles: list[list[Item]] = []
         groups: dict[Any, list[Item]] = {}
-        key_index = self._key_index
+        key_of = self._key_of
         for item in items:
             if item.failure is not None:
                 failures.append(DlqEntry(self._pipeline, item.record, item.failure))
                 continue
             row = item.row
             assert row is not None
-            if key_index is None:
+            if key_of is None:
                 singles.append([item])
                 continue
-            key = tuple(row[i] for i in key_index)
+            key = key_of(row)
             group = groups.get(key)
             if group is None:
                 groups[key] = [item]
             else:
                 group.append(item)
-        if key_index is None:
+        if key_of is None:
             return failures, singles
         if self._keep_first:
             return failures, list(groups.values())
-        return failures, [group[::-1] for group in groups.values()]
+        return failures, [group[::-1] if len(group) > 1 else group for group in groups.values()]
 
     def handle(self, lane: int, items: Sequence[Item], reason: str,
                slot: Callable[[], ContextManager[float]] | None = None) -> Completion:
@@ -163,11 +166,8 @@ class BatchWriter:
         """
         started = time.perf_counter()
         result = Completion(lane=lane, reason=reason, records=len(items))
-        for item in items:
-            result.size_bytes += item.size_bytes
-            ts = item.record.timestamp_ms
-            if ts is not None and (result.min_timestamp_ms is None or ts < result.min_timestamp_ms):
-                result.min_timestamp_ms = ts
+        result.size_bytes = sum(map(_size_of, items))
+        result.min_timestamp_ms = min(filter(_is_not_none, map(_timestamp_of, items)), default=None)
         retries = [0]
         try:
             grant = slot or _no_slot
@@ -179,8 +179,7 @@ class BatchWriter:
                 failures = self._handle_at_least_once(items, result, retries, grant, slot is not None)
             for entry in failures:
                 result.dead_lettered[(entry.failure.stage, entry.failure.error_class)] += 1
-            for item in items:
-                result.done.setdefault((item.record.tp, item.epoch), []).append(item.record.offset)
+            _collect_done(items, result.done)
         except (TransientError, PermanentError) as exc:
             result.done.clear()
             result.error = FatalPipelineError(
@@ -245,6 +244,27 @@ class BatchWriter:
         result.write_calls = calls
         result.skipped = skipped
         return failures
+
+
+_size_of = operator.attrgetter("size_bytes")
+_timestamp_of = operator.attrgetter("record.timestamp_ms")
+_run_of = operator.attrgetter("record.topic", "record.partition", "epoch")
+_offset_of = operator.attrgetter("record.offset")
+
+
+def _is_not_none(value: Any) -> bool:
+    return value is not None
+
+
+def _collect_done(items: Sequence[Item], done: dict[tuple[Partition, int], list[int]]) -> None:
+    """Add every item's offset to ``done[(partition, epoch)]``, a run of one partition at a time."""
+    for (topic, partition, epoch), run in itertools.groupby(items, _run_of):
+        offsets = list(map(_offset_of, run))
+        known = done.get((Partition(topic, partition), epoch))
+        if known is None:
+            done[(Partition(topic, partition), epoch)] = offsets
+        else:
+            known.extend(offsets)
 
 
 @contextlib.contextmanager

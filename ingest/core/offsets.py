@@ -116,6 +116,32 @@ class OffsetTracker(Generic[P]):
         state.pending.add(offset)
         state.last = offset
 
+    def track_many(self, tp: P, offsets: list[int]) -> None:
+        """:meth:`track` for a run of offsets of ``tp``, in one step (the pipeline's hot path).
+
+        Raises:
+            KeyError: if ``tp`` is not assigned.
+            ValueError: if ``offsets`` is not strictly increasing or does not start after the
+                last tracked offset (nothing is changed).
+        """
+        if not offsets:
+            return
+        state = self._state(tp)
+        first = offsets[0]
+        if state.last is not None and first <= state.last:
+            raise ValueError(f"{tp}: offset {first} not after last tracked offset {state.last}")
+        # Strictly increasing <=> sorted without duplicates; both checks run in C.
+        if len(offsets) > 1 and (offsets != sorted(offsets) or len(set(offsets)) != len(offsets)):
+            raise ValueError(f"{tp}: offsets to track are not strictly increasing")
+        state.queue.extend(offsets)
+        state.pending.update(offsets)
+        state.last = offsets[-1]
+
+    def last_tracked(self, tp: P) -> int | None:
+        """Return the last offset tracked for ``tp`` since its assign, ``None`` if none or unassigned. Never raises."""
+        state = self._states.get(tp)
+        return None if state is None else state.last
+
     def done(self, tp: P, offset: int, epoch: int) -> bool:
         """Mark one tracked offset handled (written or dead-lettered).
 
@@ -135,8 +161,16 @@ class OffsetTracker(Generic[P]):
         return True
 
     def done_many(self, tp: P, offsets: Iterable[int], epoch: int) -> int:
-        """Call :meth:`done` for each offset; return how many were accepted. Never raises."""
-        return sum(self.done(tp, offset, epoch) for offset in offsets)
+        """:meth:`done` for each offset, in one step; return how many were accepted. Never raises."""
+        state = self._states.get(tp)
+        if state is None or state.epoch != epoch:
+            return 0
+        pending, queue = state.pending, state.queue
+        before = len(pending)
+        pending.difference_update(offsets)
+        while queue and queue[0] not in pending:
+            queue.popleft()
+        return before - len(pending)
 
     # -- watermarks and commits ----------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -319,3 +319,49 @@ class OffsetsMachine(RuleBasedStateMachine):
 
 TestOffsetsMachine = OffsetsMachine.TestCase
 TestOffsetsMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+# --------------------------------------------------------------------------- bulk operations
+
+
+@given(
+    runs=st.lists(st.lists(st.integers(0, 60), max_size=8), max_size=8),
+    done=st.lists(st.integers(0, 60), max_size=40),
+)
+def test_track_many_and_done_many_equal_one_at_a_time(runs: list[list[int]], done: list[int]) -> None:
+    bulk: OffsetTracker[str] = OffsetTracker()
+    single: OffsetTracker[str] = OffsetTracker()
+    e = bulk.assign(TP0)
+    assert single.assign(TP0) == e
+    for run in runs:
+        bulk_error = single_error = None
+        try:
+            bulk.track_many(TP0, run)
+        except ValueError as exc:
+            bulk_error = exc
+        # one at a time, all or nothing: check the whole run first, as track_many promises
+        last = single.last_tracked(TP0)
+        ok = all(b > a for a, b in zip([-1 if last is None else last, *run], run))
+        if ok:
+            for off in run:
+                single.track(TP0, off)
+        else:
+            single_error = True
+        assert (bulk_error is None) == (single_error is None)
+        assert bulk.watermark(TP0) == single.watermark(TP0)
+    half = len(done) // 2
+    for chunk in (done[:half], done[half:]):
+        assert bulk.done_many(TP0, chunk, e) == sum(single.done(TP0, off, e) for off in chunk)
+        assert bulk.watermark(TP0) == single.watermark(TP0)
+        assert bulk.gap_count() == single.gap_count()
+        assert bulk.in_flight() == single.in_flight()
+
+
+def test_track_many_rejects_backwards_runs_without_changing_anything() -> None:
+    t: OffsetTracker[str] = OffsetTracker()
+    t.assign(TP0)
+    t.track_many(TP0, [3, 4, 9])
+    for bad in ([9, 10], [10, 10], [12, 11], [2]):
+        with pytest.raises(ValueError):
+            t.track_many(TP0, bad)
+    assert t.last_tracked(TP0) == 9 and t.in_flight() == 3 and t.watermark(TP0) == 3
