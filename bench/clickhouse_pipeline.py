@@ -15,6 +15,8 @@ that runs on these machines):
                      same ReplacingMergeTree table shape: the cost of ClickHouse and the
                      clickhouse-connect encoder alone
   (r1) raw insert, one call for all rows (the encoder's best case)
+  (ra) raw insert_arrow -- the same batches as Arrow tables built from the rows, which is
+                     what the sink sends when every column has an Arrow type (ch_arrow.py)
   (m) decode + map alone -- orjson + the ClickHouse-dialect mapper over the records
   (w) write path alone -- the mapped records through the batch writer serially, in
                      batches of the pipeline's size: dedupe by key, insert token,
@@ -49,7 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ingest.config import PipelineSettings  # noqa: E402
 from ingest.core.mapping import Mapper  # noqa: E402
 from ingest.embedded import start_all  # noqa: E402
+from ingest.sinks.ch_arrow import ArrowEncoder  # noqa: E402
 from ingest.sinks.clickhouse import create_table_sql  # noqa: E402
+from ingest.tuning import tune_for_throughput  # noqa: E402
 from ingest.types import Item  # noqa: E402
 from ingest.writer import BatchWriter  # noqa: E402
 
@@ -77,8 +81,9 @@ def pipeline_settings(name: str, url: str, topic: str, lanes: int, dlq_dsn: str)
     }
 
 
-def raw_insert(path: Path, rows: list[tuple], settings: PipelineSettings) -> tuple[float, float]:
-    """Seconds for (batched inserts, one insert) of ``rows`` into fresh tables of the sink's shape."""
+def raw_insert(path: Path, rows: list[tuple], settings: PipelineSettings) -> tuple[float, float, float]:
+    """Seconds for (batched inserts, one insert, batched Arrow inserts) of ``rows`` into fresh tables of the
+    sink's shape."""
     import clickhouse_connect
 
     sink = settings.sink
@@ -102,9 +107,19 @@ def raw_insert(path: Path, rows: list[tuple], settings: PipelineSettings) -> tup
         one = time.perf_counter() - start
         keys = len({row[0] for row in rows})
         assert client.command(f"SELECT count() FROM {table} FINAL") == keys
+        # The same batches as Arrow tables built from the rows (what the sink does when it can).
+        client.command(f"CREATE TABLE {table}_arrow AS {table}")
+        encoder = ArrowEncoder.for_columns(names, list(sink.ch_types.values()))
+        assert encoder is not None
+        start = time.perf_counter()
+        for i in range(0, len(rows), BATCH_ROWS):
+            client.insert_arrow(f"{sink.table}_arrow", encoder.table(list(zip(*rows[i:i + BATCH_ROWS]))),
+                                database=DATABASE)
+        arrow = time.perf_counter() - start
+        assert client.command(f"SELECT count() FROM {table}_arrow FINAL") == keys
     finally:
         client.close()
-    return batched, one
+    return batched, one, arrow
 
 
 class _NoDlq:
@@ -187,22 +202,24 @@ def main() -> None:
             pipeline_settings("raw", "chdb://memory", topic, 1, dlq_dsn))
         mapper = Mapper(settings.sink.columns)
         records, _ = consume_all(bootstrap, topic, n)
+        tune_for_throughput()  # the same interpreter settings as `ingest run`
         start = time.perf_counter()
         rows = [mapper.map(r)[0] for r in records]
         t_m = time.perf_counter() - start
-        t_r, t_r1 = raw_insert(workdir / "chdb-raw", rows, settings)
+        t_r, t_r1, t_ra = raw_insert(workdir / "chdb-raw", rows, settings)
         items = [Item(rec, row, None, 0, rec.size_bytes) for rec, row in zip(records, rows)]
         t_w = write_path(workdir / "chdb-raw", items, PipelineSettings.model_validate(
             pipeline_settings("writepath", f"chdb://{workdir / 'chdb-raw'}", topic, 1, dlq_dsn)))
         e2e = {lanes: end_to_end(bootstrap, topic, workdir, lanes, dlq_dsn, n) for lanes in args.lanes}
 
         keys = len({row[0] for row in rows})
-        r, r1, m, w = n / t_r, n / t_r1, n / t_m, n / t_w
+        r, r1, ra, m, w = n / t_r, n / t_r1, n / t_ra, n / t_m, n / t_w
         print(f"\nrecords: {n} over {PARTITIONS} partitions, {keys} keys, batch {BATCH_ROWS} rows, "
               f"ClickHouse = chDB (in-process) via clickhouse-connect")
         print(f"{'measure':<52}{'records/s':>12}")
         print(f"{'(r) raw client.insert, batches of ' + str(BATCH_ROWS):<52}{r:>12,.0f}")
         print(f"{'(r1) raw client.insert, one call':<52}{r1:>12,.0f}")
+        print(f"{'(ra) raw client.insert_arrow, batches of ' + str(BATCH_ROWS):<52}{ra:>12,.0f}")
         print(f"{'(m) decode + map alone':<52}{m:>12,.0f}")
         print(f"{'(w) write path alone (dedupe, token, insert)':<52}{w:>12,.0f}")
         for lanes, res in e2e.items():
@@ -211,7 +228,7 @@ def main() -> None:
             print(f"{'(e) ingest run, lanes=' + str(lanes):<52}{res['rate']:>12,.0f}   "
                   f"peak RSS {res['rss'] / 2**20:.0f} MiB, {res['written']} rows inserted")
         best = max(res["rate"] for res in e2e.values())
-        print(f"\nratio e/r = {best / r:.2f} (target >= 0.5)   e/r1 = {best / r1:.2f}   "
+        print(f"\nratio e/r = {best / r:.2f} (target >= 0.5)   e/r1 = {best / r1:.2f}   e/ra = {best / ra:.2f}   "
               f"e/min(m,w) = {best / min(m, w):.2f}   serial bound 1/(1/m+1/w) = {1 / (1 / m + 1 / w):,.0f}/s\n"
               f"(end-to-end table: {keys} keys with FINAL, as expected)")
     finally:

@@ -284,6 +284,10 @@ def run(
         raise _fail(EXIT_CONFIG, str(exc)) from None
     errors: dict[str, BaseException] = {}
     started = time.monotonic()
+    for _, resources in built:  # connect sinks now: the first batch should not pay for it
+        for resource in resources:
+            if hasattr(resource, "warm_up"):
+                resource.warm_up()
     from ingest.tuning import tune_for_throughput
 
     tune_for_throughput()

@@ -423,6 +423,9 @@ class ClickHouseSink(_SinkBase):
     deduplication_window: int = Field(default=1000, ge=1, le=1_000_000)
     connect_timeout_s: float = Field(default=10.0, gt=0)
     send_receive_timeout_s: float = Field(default=300.0, gt=0)
+    #: ``auto``: insert ``FORMAT Arrow`` when pyarrow is installed and every column type has an
+    #: Arrow counterpart (see ingest/sinks/ch_arrow.py), else Native; ``native``: always Native.
+    insert_format: Literal["auto", "native"] = "auto"
 
     @model_validator(mode="before")
     @classmethod

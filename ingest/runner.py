@@ -133,6 +133,8 @@ class PipelineStats:
             "rate_per_s": round(self.rate_per_s(), 1),
             "queue_wait_s": _percentiles(self.queue_waits_s),
             "busy_s": round((self.last_done_s or 0) - (self.first_record_s or 0), 3),
+            # the same window on the system-wide monotonic clock, so --processes can merge it
+            "busy_window_s": [self.first_record_s, self.last_done_s],
         }
 
 
@@ -366,14 +368,13 @@ class Pipeline:
         tracker = self._tracker
         map_record = self._mapper.map
         lane_of = self._router.lane
-        batchers = self._batchers
-        max_rows = self.settings.batch.max_rows
         skip_tombstones = self.settings.tombstones == "skip"
         deterministic = self._offset_store is not None  # exactly-once needs replay-stable routing
-        lane_in_flight = self._lane_in_flight
         spread_unkeyed = self.settings.unkeyed == "round_robin"  # unkeyed records are not one hot key
-        n_lanes = len(batchers)
-        single = batchers[0] if n_lanes == 1 else None
+        n_lanes = len(self._batchers)
+        # This chunk's items and sizes per lane, handed to the batchers in bulk at the end.
+        lane_items: list[list[Item]] = [[] for _ in range(n_lanes)]
+        lane_sizes: list[list[int]] = [[] for _ in range(n_lanes)]
         self.stats.records_consumed += len(records)
         self.metrics.records_consumed.inc(len(records))
         topic: str | None = None
@@ -383,8 +384,6 @@ class Pipeline:
         last_offset = -1
         run: list[int] = []
         skipped: list[tuple[Partition, int, int]] = []  # tombstones done at once: (tp, offset, epoch)
-        n_items = 0
-        n_bytes = 0
         for rec in records:
             if rec.partition != partition or rec.topic != topic:  # a new run of one partition
                 if run:
@@ -415,31 +414,38 @@ class Pipeline:
             except InvalidRecord as exc:
                 item = Item(rec, None, Failure(exc.stage, exc.error_class, exc.message), epoch, size)
                 key = key_bytes
-            if single is not None:
-                lane, batcher = 0, single
+            if n_lanes == 1:
+                lane = 0
             else:
                 lane = lane_of(key) if key is not None or not deterministic else offset % n_lanes
-                batcher = batchers[lane]
-            if not batcher.fits(size):
-                self._dispatch(lane, FlushReason.SIZE if len(batcher) >= max_rows else FlushReason.BYTES)
-            n_items += 1
-            n_bytes += size
-            lane_in_flight[lane] += 1
+            lane_items[lane].append(item)
+            lane_sizes[lane].append(size)
             self._sample_countdown -= 1
             if self._sample_countdown == 0:
                 # A random gap (mean HOT_KEY_SAMPLE) so periodic key patterns cannot alias with the sampler.
                 self._sample_countdown = self._rng.randint(1, 2 * HOT_KEY_SAMPLE - 1)
                 if key is not None or not spread_unkeyed:
                     self._load.observe(lane, key, size)
-            if batcher.add(item, size, now_ms) is not None:
-                self._dispatch(lane, FlushReason.SIZE if len(batcher) >= max_rows else FlushReason.BYTES)
         if run:
             tracker.track_many(tp, run)
         for skipped_tp, offset, skipped_epoch in skipped:
             tracker.done(skipped_tp, offset, skipped_epoch)
         self.stats.skipped += len(skipped)
-        self._in_flight_records += n_items
-        self._in_flight_bytes += n_bytes
+        for lane, items in enumerate(lane_items):
+            if items:
+                self._buffer(lane, items, lane_sizes[lane], now_ms)
+
+    def _buffer(self, lane: int, items: list[Item], sizes: list[int], now_ms: int) -> None:
+        """Add a chunk's items for one lane to its batcher, dispatching each batch that fills up."""
+        self._lane_in_flight[lane] += len(items)
+        self._in_flight_records += len(items)
+        self._in_flight_bytes += sum(sizes)
+        batcher = self._batchers[lane]
+        pos = 0
+        while pos < len(items):
+            pos, reason = batcher.add_many(items, sizes, now_ms, pos)
+            if reason is not None:
+                self._dispatch(lane, reason)
 
     def _dispatch(self, lane: int, reason: FlushReason) -> None:
         batcher = self._batchers[lane]

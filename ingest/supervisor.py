@@ -392,9 +392,22 @@ def supervise(
 
 
 def _add(into: dict[str, Any], other: Mapping[str, Any]) -> None:
-    """Sum numbers and merge nested dicts (``busy_s``: the longest); other values: the last one."""
+    """Sum numbers and merge nested dicts; other values: the last one.
+
+    ``busy_window_s`` (first record, last batch on the system-wide monotonic clock)
+    merges into the earliest start and the latest end, and ``busy_s`` becomes
+    that window's length (all processes together), or the longest ``busy_s``
+    when a child gave no window.
+    """
     for k, v in other.items():
         cur = into.get(k)
+        if k == "busy_window_s":
+            into[k] = _merge_window(cur, v)
+            if into[k] is not None and None not in into[k]:
+                into["busy_s"] = round(into[k][1] - into[k][0], 3)
+            continue
+        if k == "busy_s" and into.get("busy_window_s") is not None:
+            continue
         if isinstance(v, bool) or not isinstance(v, (int, float, dict)):
             into[k] = v
         elif isinstance(v, dict):
@@ -405,6 +418,14 @@ def _add(into: dict[str, Any], other: Mapping[str, Any]) -> None:
             into[k] = max(cur or 0, v)
         else:
             into[k] = round((cur or 0) + v, 3) if isinstance(v, float) or isinstance(cur, float) else (cur or 0) + v
+
+
+def _merge_window(a: Sequence[float | None] | None, b: Sequence[float | None] | None) -> list[float | None] | None:
+    """The union span of two (start, end) windows; a missing side or end is ignored."""
+    windows = [w for w in (a, b) if w is not None and None not in w]
+    if not windows:
+        return list(a) if a is not None else (list(b) if b is not None else None)
+    return [min(w[0] for w in windows), max(w[1] for w in windows)]  # type: ignore[type-var]
 
 
 def merge_summaries(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import operator
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ContextManager
 
@@ -210,13 +210,20 @@ class BatchWriter:
         calls = [0]
         # The insert token covers every record behind the piece's rows (the whole key group), so the
         # same batch replayed in any order produces the same token.
-        group_of = {id(item): group for group in groups for item in group} if self._pass_token else {}
+        group_of: dict[int, list[Item]] = {}  # built only when a piece is smaller than the batch
+
+        def records_behind(piece: Sequence[Item]) -> Iterable[Item]:
+            if len(piece) == len(groups):  # one candidate of every group: the whole batch
+                return itertools.chain.from_iterable(groups)
+            if not group_of:
+                group_of.update((id(item), group) for group in groups for item in group)
+            return (it for c in piece for it in group_of[id(c)])
 
         def write_piece(piece: Sequence[Item]) -> None:
             batch_rows = [item.row for item in piece]
             kwargs = {}
             if self._pass_token:
-                kwargs["token"] = dedup_token(self._pipeline, (it for c in piece for it in group_of[id(c)]))
+                kwargs["token"] = dedup_token(self._pipeline, records_behind(piece))
             for attempt in self._retrying("sink write", retries):
                 with attempt:
                     calls[0] += 1

@@ -25,7 +25,10 @@ here reads a clock, sleeps or locks. Not thread-safe.
 
 from __future__ import annotations
 
+import bisect
 import enum
+import itertools
+from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -116,6 +119,59 @@ class RingBatcher(Generic[T]):
         if self._size_bytes >= self.max_bytes:
             return FlushReason.BYTES
         return None
+
+    def add_many(self, items: Sequence[T], sizes: Sequence[int], now_ms: int, start: int = 0
+                 ) -> tuple[int, FlushReason | None]:
+        """Append ``items[start:]`` (with ``sizes``) until a flush is due; the bulk form of fits/add.
+
+        Exactly equivalent to, for each ``i`` from ``start``: if not ``fits(sizes[i])``,
+        stop before ``i`` with ``BYTES``; else ``add(items[i], sizes[i], now_ms)`` and
+        stop after ``i`` if that returned a reason. (A full buffer cannot be met
+        before an add: filling it returns ``SIZE`` at once.)
+
+        Returns:
+            ``(next, reason)``: the index of the first item not added (``len(items)``
+            when all were) and the reason a flush is due now, or ``None``.
+
+        Raises:
+            BufferError: if the buffer is already full (nothing is changed).
+            ValueError: if a size is negative (nothing is changed).
+        """
+        cap = self.max_rows
+        free = cap - self._count
+        if free == 0:
+            raise BufferError(f"batcher full ({cap} rows); drain before adding")
+        end = min(len(items), start + free)
+        if end <= start:
+            return start, None
+        window = sizes[start:end]
+        if min(window) < 0:
+            raise ValueError(f"size_bytes must be >= 0, got {min(window)}")
+        # totals[j]: the byte total after adding item start + j (non-decreasing: sizes >= 0).
+        totals = list(itertools.accumulate(window, initial=self._size_bytes))[1:]
+        reason: FlushReason | None = None
+        n = len(totals)
+        first_over = bisect.bisect_left(totals, self.max_bytes)  # first j with totals[j] >= max_bytes
+        if first_over < n:
+            if totals[first_over] == self.max_bytes or self._count + first_over == 0:
+                n = first_over + 1  # added (fits, or alone in an empty buffer), then BYTES is due
+            else:
+                n = first_over  # does not fit: the caller drains first
+            reason = FlushReason.BYTES
+        if self._count + n == cap:
+            reason = FlushReason.SIZE  # SIZE wins over BYTES, as in add()
+        if n:
+            pos = (self._head + self._count) % cap
+            first_part = min(n, cap - pos)
+            slots = self._slots
+            slots[pos:pos + first_part] = items[start:start + first_part]
+            if first_part < n:
+                slots[0:n - first_part] = items[start + first_part:start + n]
+            self._count += n
+            self._size_bytes = totals[n - 1]
+            if self._oldest_ms is None:
+                self._oldest_ms = now_ms
+        return start + n, reason
 
     def due(self, now_ms: int) -> FlushReason | None:
         """Return ``TIME`` iff non-empty and ``now_ms - oldest_ms >= max_latency_ms``, else ``None``. Never raises."""

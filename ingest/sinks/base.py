@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
+import operator
 from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
@@ -44,6 +46,10 @@ class Sink(Protocol):
         ...
 
 
+_tp_of = operator.attrgetter("record.topic", "record.partition")
+_offset_of = operator.attrgetter("record.offset")
+
+
 def dedup_token(pipeline: str, items: Iterable[Item]) -> str:
     """A deterministic insert token for the rows coming from ``items``.
 
@@ -53,13 +59,12 @@ def dedup_token(pipeline: str, items: Iterable[Item]) -> str:
     (BLAKE2b-128 over the sorted offsets per partition).
     """
     by_tp: dict[tuple[str, int], list[int]] = {}
-    for item in items:
-        rec = item.record
-        offsets = by_tp.get((rec.topic, rec.partition))
+    for tp, run in itertools.groupby(items, _tp_of):  # items come in runs of one partition
+        offsets = by_tp.get(tp)
         if offsets is None:
-            by_tp[(rec.topic, rec.partition)] = [rec.offset]
+            by_tp[tp] = list(map(_offset_of, run))
         else:
-            offsets.append(rec.offset)
+            offsets.extend(map(_offset_of, run))
     h = hashlib.blake2b(pipeline.encode(), digest_size=16)
     for (topic, partition) in sorted(by_tp):
         offsets = by_tp[(topic, partition)]

@@ -61,6 +61,7 @@ from urllib.parse import urlsplit, urlunsplit
 from ingest.config import ClickHouseSink as ClickHouseSinkSettings
 from ingest.config import PipelineSettings, ch_type
 from ingest.errors import ConfigError, IngestError, PermanentError, ServiceUnreachable, TransientError
+from ingest.sinks.ch_arrow import ArrowEncoder
 from ingest.sinks.ch_errors import classify
 
 log = logging.getLogger(__name__)
@@ -172,13 +173,19 @@ class ClickHouseSink:
         self._factory = client_factory
         self._columns = list(cfg.columns)
         self._types = [ch_type(spec.type).ddl for spec in cfg.columns.values()]
+        #: Arrow table builder when the columns allow it (``insert_format: auto``); whether the
+        #: server reads Arrow is settled when connecting (``_use_arrow``)
+        self._arrow = (ArrowEncoder.for_columns(self._columns, [ch_type(spec.type) for spec in cfg.columns.values()])
+                       if cfg.insert_format == "auto" else None)
+        self._use_arrow = False
         self._client: Any = None
         self._token_supported = False
         self._chdb = is_chdb_url(cfg.url)
         self._lock = threading.Lock()  # client creation; every call too for chDB
         self.name = f"clickhouse sink {cfg.database}.{cfg.table} at {redact_url(cfg.url)}"
-        #: inserts sent (for tests and metrics)
+        #: inserts sent, and how many of them as Arrow (for tests and metrics)
         self.inserts = 0
+        self.arrow_inserts = 0
         if client_factory is None and not self._chdb:
             try:
                 version = server_version_http(cfg, timeout_s=min(3.0, cfg.connect_timeout_s))
@@ -232,6 +239,8 @@ class ClickHouseSink:
                     raise err from exc
                 settings = getattr(client, "server_settings", None) or {}
                 self._token_supported = "insert_deduplication_token" in settings
+                version = parse_version(str(getattr(client, "server_version", "") or ""))
+                self._use_arrow = self._arrow is not None and version[:2] >= MIN_SERVER_VERSION
                 if not self._token_supported:
                     log.warning(
                         "ClickHouse server has no insert_deduplication_token: retried batches rely on "
@@ -239,6 +248,17 @@ class ClickHouseSink:
                     )
                 self._client = client
             return self._client
+
+    def warm_up(self) -> None:
+        """Connect now (for chDB: load the engine), so the first batch does not pay for it.
+
+        Never raises: a failure is logged and the first write connects (and retries) as usual.
+        """
+        try:
+            self.client()
+        except Exception as exc:  # noqa: BLE001 - best effort; the write path owns the retries
+            log.warning("ClickHouse not reachable at start; the first write will retry",
+                        extra={"pipeline": self._pipeline, "sink": self.name, "error": str(exc)})
 
     def check(self) -> None:
         """Connect and run ``SELECT 1``; raise ServiceUnreachable naming the server (and its
@@ -268,6 +288,15 @@ class ClickHouseSink:
             with contextlib.suppress(Exception):
                 client.close()
 
+    def _arrow_table(self, columns: Sequence[Sequence[Any]]) -> Any | None:
+        """The batch as an Arrow table, or ``None`` (insert Native) when pyarrow refuses a value."""
+        assert self._arrow is not None
+        try:
+            return self._arrow.table(columns)
+        except Exception as exc:  # noqa: BLE001 - any refusal: Native decides (and classifies) instead
+            log.debug("batch not representable in Arrow; inserting Native", extra={"error": str(exc)[:200]})
+            return None
+
     def _call_lock(self) -> contextlib.AbstractContextManager[Any]:
         return self._lock if self._chdb else contextlib.nullcontext()
 
@@ -287,12 +316,17 @@ class ClickHouseSink:
             if token is not None and self._token_supported:
                 settings["insert_deduplication_token"] = token
             data = list(zip(*rows))
+            table = self._arrow_table(data) if self._use_arrow else None
             with self._call_lock():
-                client.insert(
-                    cfg.table, data, column_names=self._columns, column_type_names=self._types,
-                    database=cfg.database, column_oriented=True, settings=settings,
-                )
+                if table is not None:
+                    client.insert_arrow(cfg.table, table, database=cfg.database, settings=settings)
+                else:
+                    client.insert(
+                        cfg.table, data, column_names=self._columns, column_type_names=self._types,
+                        database=cfg.database, column_oriented=True, settings=settings,
+                    )
             self.inserts += 1
+            self.arrow_inserts += table is not None
         except (TransientError, PermanentError):
             raise
         except Exception as exc:  # noqa: BLE001 - every driver/transport error is classified

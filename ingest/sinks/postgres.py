@@ -23,6 +23,7 @@ numeric modifier only).
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,6 +36,8 @@ from ingest.config import PostgresSink as PostgresSinkSettings
 from ingest.config import pg_base_type
 from ingest.errors import PermanentError, ServiceUnreachable, TransientError
 from ingest.sinks.pg_errors import classify
+
+log = logging.getLogger(__name__)
 
 #: Called inside the batch transaction after the rows are written (exactly-once
 #: offset storage, DLQ rows joining the transaction).
@@ -177,6 +180,17 @@ class PostgresSink:
                     name=self._name,
                 )
             return self._pool
+
+    def warm_up(self, timeout_s: float = 2.0) -> None:
+        """Open the pool and wait up to ``timeout_s`` for its first connection.
+
+        Never raises: a failure is logged and the first write waits (and retries) as usual.
+        """
+        try:
+            self._get_pool().wait(timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - best effort; the write path owns the retries
+            log.warning("PostgreSQL not reachable at start; the first write will retry",
+                        extra={"sink": self._name, "error": type(exc).__name__})
 
     def check(self) -> None:
         """Connect and run ``SELECT 1``. Raises ServiceUnreachable (message without the password)."""

@@ -41,7 +41,7 @@ from harness.services import LocalClickHouse, free_port
 from ingest.config import PipelineSettings, RetrySettings
 from ingest.core.mapping import Mapper
 from ingest.dlq.postgres import PostgresDlq
-from ingest.errors import InvalidRecord, PermanentError, ServiceUnreachable, TransientError
+from ingest.errors import IngestError, InvalidRecord, PermanentError, ServiceUnreachable, TransientError
 from ingest.migrate import migrate_pipeline
 from ingest.sinks.ch_errors import PERMANENT_CODES, TRANSIENT_CODES
 from ingest.sinks.clickhouse import ClickHouseSink, create_table_sql, migrate_clickhouse
@@ -340,6 +340,84 @@ def test_every_supported_type_round_trips(chdb) -> None:
         "b": False, "d": date(1970, 1, 1), "uid": uuid.UUID(int=0), "n": None, "ns": None, "arr": [],
         "arrn": [], "nested": [], "j": '"just a string"', "nj": None, "ts_ms": 0,
     }
+
+
+def test_arrow_inserts_round_trip_every_type_they_cover(chdb) -> None:
+    """Without a UUID column the sink inserts FORMAT Arrow; values land as with Native, NULLs included."""
+    columns = {k: v for k, v in ALL_TYPES.items() if k != "uid"}
+    p = pipeline(chdb.url, table="typed_arrow", columns=columns)
+    migrate_clickhouse(p)
+    docs = [
+        {"id": 1, "u8": 255, "u16": 65535, "u32": 4294967295, "u64": "18446744073709551615",
+         "i8": -128, "i16": -32768, "i32": -2147483648, "i64": "-9223372036854775808",
+         "f32": 1.5, "f64": -2.25e300, "dec": "12345678901234.5678", "wide": "-123456789012345678901234567890.0123456789",
+         "s": "héllo\u0000wörld", "lc": "eu-west", "b": True, "d": "2149-06-06", "ts": "2024-02-29T23:59:59.999+01:00",
+         "n": -7, "ns": "x", "arr": [1, -2, "3"], "arrn": ["a", None], "nested": [[1, 2], []],
+         "j": {"k": [1, "two", None]}, "nj": [True]},
+        {"id": 2, "u8": 0, "u16": 0, "u32": 0, "u64": 0, "i8": 127, "i16": 32767, "i32": 2147483647,
+         "i64": 9223372036854775807, "f32": 0, "f64": 0.1, "dec": -0.00005, "wide": 0, "s": "", "lc": "",
+         "b": "false", "d": "1970-01-01", "ts": 0, "arr": [], "j": "just a string"},
+    ]
+    mapper = Mapper(p.sink.columns)
+    sink = ClickHouseSink(p.sink, pipeline=p.name)
+    try:
+        ok(writer_for(p, sink.write).handle(0, items_of(mapper, [record(i, d) for i, d in enumerate(docs)]), "size"))
+        assert (sink.inserts, sink.arrow_inserts) == (1, 1)
+        names = [c for c in columns if c != "ts"]
+        rows = sink.client().query(
+            f"SELECT {', '.join(names)}, toUnixTimestamp64Milli(ts) FROM ingest_test.typed_arrow FINAL ORDER BY id"
+        ).result_rows
+    finally:
+        sink.close()
+    got = [dict(zip(names + ["ts_ms"], r)) for r in rows]
+    assert got[0] == {
+        "id": 1, "u8": 255, "u16": 65535, "u32": 4294967295, "u64": 2**64 - 1, "i8": -128, "i16": -32768,
+        "i32": -(2**31), "i64": -(2**63), "f32": 1.5, "f64": -2.25e300, "dec": Decimal("12345678901234.5678"),
+        "wide": Decimal("-123456789012345678901234567890.0123456789"), "s": "héllo\x00wörld", "lc": "eu-west",
+        "b": True, "d": date(2149, 6, 6), "n": -7, "ns": "x", "arr": [1, -2, 3], "arrn": ["a", None],
+        "nested": [[1, 2], []], "j": '{"k":[1,"two",null]}', "nj": "[true]",
+        "ts_ms": int(datetime(2024, 2, 29, 22, 59, 59, 999000, tzinfo=UTC).timestamp() * 1000),
+    }
+    assert got[1] == {
+        "id": 2, "u8": 0, "u16": 0, "u32": 0, "u64": 0, "i8": 127, "i16": 32767, "i32": 2**31 - 1,
+        "i64": 2**63 - 1, "f32": 0.0, "f64": 0.1, "dec": Decimal("-0.0001"), "wide": Decimal(0), "s": "", "lc": "",
+        "b": False, "d": date(1970, 1, 1), "n": None, "ns": None, "arr": [],
+        "arrn": [], "nested": [], "j": '"just a string"', "nj": None, "ts_ms": 0,
+    }
+
+
+def test_uuid_column_keeps_the_sink_on_native_and_native_can_be_forced(chdb) -> None:
+    with_uuid = pipeline(chdb.url, table="with_uuid", columns={"id": {"type": "UInt64"}, "uid": {"type": "UUID"}})
+    forced = pipeline(chdb.url, table="forced_native", columns={"id": {"type": "UInt64"}, "s": {"type": "String"}},
+                      insert_format="native")
+    for p, row in ((with_uuid, (7, uuid.UUID(int=7))), (forced, (7, "x"))):
+        migrate_clickhouse(p)
+        sink = ClickHouseSink(p.sink, pipeline=p.name)
+        try:
+            sink.write([row + (1,)])  # + the hidden _version column
+            assert (sink.inserts, sink.arrow_inserts) == (1, 0)
+            assert sink.client().query(f"SELECT id FROM ingest_test.{p.sink.table}").result_rows == [(7,)]
+        finally:
+            sink.close()
+
+
+def test_a_batch_arrow_refuses_goes_native_and_fails_the_same_way(chdb) -> None:
+    """Arrow never changes what is accepted: a refused value takes the Native path and its error."""
+    outcomes = []
+    for fmt in ("auto", "native"):
+        p = pipeline(chdb.url, table=f"refused_{fmt}", columns={"id": {"type": "UInt64"}, "u8": {"type": "UInt8"}},
+                     insert_format=fmt)
+        migrate_clickhouse(p)
+        sink = ClickHouseSink(p.sink, pipeline=p.name)
+        try:
+            sink.write([(1, 5, 1)])  # fine either way
+            with pytest.raises(IngestError) as info:
+                sink.write([(2, 300, 2)])  # no UInt8 can hold it (the mapper would have said so)
+            outcomes.append((type(info.value), getattr(info.value, "error_class", None), sink.arrow_inserts))
+        finally:
+            sink.close()
+    assert outcomes[0][:2] == outcomes[1][:2]
+    assert [arrow for *_, arrow in outcomes] == [1, 0]  # the good batch went Arrow, the refused one Native
 
 
 def test_error_tables_match_the_engine(chdb) -> None:

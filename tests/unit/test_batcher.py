@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -181,3 +181,63 @@ class BatcherMachine(RuleBasedStateMachine):
 
 TestBatcherMachine = BatcherMachine.TestCase
 TestBatcherMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+# --------------------------------------------------------------------------- add_many
+
+
+def _add_one_at_a_time(b: RingBatcher[int], items: list[int], sizes: list[int], now_ms: int,
+                       start: int) -> tuple[int, FlushReason | None]:
+    """The reference add_many promises to equal: fits/add per item."""
+    for i in range(start, len(items)):
+        if not b.fits(sizes[i]):
+            return i, FlushReason.BYTES
+        reason = b.add(items[i], sizes[i], now_ms)
+        if reason is not None:
+            return i + 1, reason
+    return len(items), None
+
+
+@settings(max_examples=300)
+@given(
+    max_rows=st.integers(1, 9), max_bytes=st.integers(1, 60),
+    sizes=st.lists(st.integers(0, 25), max_size=40), head_start=st.integers(0, 12), data=st.data(),
+)
+def test_add_many_equals_fits_and_add(max_rows: int, max_bytes: int, sizes: list[int], head_start: int,
+                                      data: st.DataObject) -> None:
+    bulk: RingBatcher[int] = RingBatcher(max_rows, max_bytes, 100)
+    single: RingBatcher[int] = RingBatcher(max_rows, max_bytes, 100)
+    for i in range(head_start):  # move the head so that bulk writes wrap around the ring
+        for b in (bulk, single):
+            b.add(-1, 0, 0)
+            if len(b) == max_rows or i % 3 == 2:
+                b.drain()
+    items = list(range(len(sizes)))
+    bulk_out: list[list[int]] = []
+    single_out: list[list[int]] = []
+    pos_bulk = pos_single = 0
+    now = 0
+    while pos_bulk < len(items) or pos_single < len(items):
+        now += data.draw(st.integers(0, 3))
+        nb, rb = bulk.add_many(items, sizes, now, pos_bulk)
+        ns, rs = _add_one_at_a_time(single, items, sizes, now, pos_single)
+        assert (nb, rb) == (ns, rs)
+        assert (len(bulk), bulk.size_bytes, bulk.oldest_ms) == (len(single), single.size_bytes, single.oldest_ms)
+        pos_bulk, pos_single = nb, ns
+        if rb is not None or data.draw(st.booleans()):
+            bulk_out.append(bulk.drain())
+            single_out.append(single.drain())
+    bulk_out.append(bulk.drain())
+    single_out.append(single.drain())
+    assert bulk_out == single_out
+    assert [x for batch in bulk_out for x in batch if x >= 0] == items  # nothing lost, duplicated or reordered
+
+
+def test_add_many_rejects_negative_sizes_and_full_buffer() -> None:
+    b: RingBatcher[str] = RingBatcher(2, 100, 10)
+    with pytest.raises(ValueError):
+        b.add_many(["a", "b"], [1, -1], 0)
+    assert len(b) == 0
+    assert b.add_many(["a", "b", "c"], [1, 1, 1], 0) == (2, FlushReason.SIZE)
+    with pytest.raises(BufferError):
+        b.add_many(["c"], [1], 0)

@@ -346,3 +346,14 @@ def test_merge_summaries_sums_counters_and_names_the_failing_process():
     ])
     assert merged == {"pipelines": {"a": {"rows_written": 7, "dead_lettered_by_class": {"x/y": 3}}},
                       "errors": {"a": "process 1: boom"}, "peak_rss_bytes": 12}
+
+
+def test_merge_summaries_spans_the_processes_busy_windows() -> None:
+    """busy_s of the merge = earliest first record to latest last batch, across processes."""
+    def child(window: list[float | None], busy: float) -> dict[str, object]:
+        return {"pipelines": {"p": {"records_consumed": 10, "busy_s": busy, "busy_window_s": window}}}
+
+    doc = merge_summaries([child([100.0, 103.0], 3.0), child([101.5, 104.25], 2.75), child([None, None], 0.0)])
+    assert doc["pipelines"]["p"]["busy_window_s"] == [100.0, 104.25]
+    assert doc["pipelines"]["p"]["busy_s"] == 4.25  # not the longest single window (3.0)
+    assert doc["pipelines"]["p"]["records_consumed"] == 30

@@ -1,0 +1,99 @@
+"""Batches as Arrow tables for ClickHouse inserts in ``FORMAT Arrow``.
+
+clickhouse-connect's Native insert encodes every value in Python (a Decimal
+goes through ``str`` and back, for one), and that work holds the GIL the
+pipeline thread needs. Building an Arrow table from the same columns runs in
+pyarrow's C++ (measured on the benchmark's columns: 0.38 µs per record to
+build, and the whole insert 1.68 vs 2.11 µs of CPU per record), so the sink
+inserts Arrow when it can:
+
+* every column type has an exact Arrow counterpart (:func:`arrow_type`);
+  a ``UUID`` column, or a ``DateTime64(p)`` whose precision is not 0, 3, 6 or 9,
+  keeps the whole sink on Native;
+* pyarrow is importable (it is an optional dependency: ``ingest[clickhouse]``);
+* the server is a supported one (22.8+, which reads Arrow).
+
+A batch whose values pyarrow refuses is sent as Native instead (same rows, same
+token), so Arrow never changes what is accepted or how an error is classified.
+
+Values arrive exactly as :class:`~ingest.core.mapping.Mapper` produces them for
+the ClickHouse dialect: ints, floats, ``Decimal`` rounded to the column's scale,
+``str``, ``bool``, ``date``, ``DateTime64`` as integer ticks, lists for arrays,
+``None`` for NULL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ingest.config import ChType
+
+_INTS = {"UInt8", "UInt16", "UInt32", "UInt64", "Int8", "Int16", "Int32", "Int64"}
+_TIME_UNITS = {0: "s", 3: "ms", 6: "us", 9: "ns"}
+
+
+def _pyarrow() -> Any | None:
+    try:
+        import pyarrow
+    except ImportError:
+        return None
+    return pyarrow
+
+
+def arrow_type(t: ChType, pa: Any) -> Any | None:
+    """The Arrow type ClickHouse reads into ``t`` exactly, or ``None`` if there is none here."""
+    kind = t.kind
+    if kind == "int" and t.name in _INTS:
+        return getattr(pa, t.name.lower())()
+    if kind == "float":
+        return pa.float32() if t.name == "Float32" else pa.float64()
+    if kind == "decimal":
+        return (pa.decimal128 if t.precision <= 38 else pa.decimal256)(t.precision, t.scale)
+    if kind in ("string", "json"):
+        return pa.string()
+    if kind == "bool":
+        return pa.bool_()
+    if kind == "date":
+        return pa.date32()
+    if kind == "datetime64":
+        unit = _TIME_UNITS.get(t.precision)
+        return None if unit is None else pa.timestamp(unit)
+    if kind in ("nullable", "lowcardinality") and t.inner is not None:
+        return arrow_type(t.inner, pa)
+    if kind == "array" and t.inner is not None:
+        inner = arrow_type(t.inner, pa)
+        return None if inner is None else pa.list_(inner)
+    return None  # uuid, anything new
+
+
+class ArrowEncoder:
+    """Builds the Arrow table of one batch; construct with :meth:`for_columns`."""
+
+    def __init__(self, pa: Any, schema: Any) -> None:
+        self._pa = pa
+        self.schema = schema
+
+    @classmethod
+    def for_columns(cls, names: Sequence[str], types: Sequence[ChType]) -> ArrowEncoder | None:
+        """An encoder for these columns, or ``None`` when pyarrow is missing or a type has no Arrow twin."""
+        pa = _pyarrow()
+        if pa is None:
+            return None
+        fields = []
+        for name, t in zip(names, types):
+            at = arrow_type(t, pa)
+            if at is None:
+                return None
+            fields.append(pa.field(name, at, nullable=True))
+        return cls(pa, pa.schema(fields))
+
+    def table(self, columns: Sequence[Sequence[Any]]) -> Any:
+        """The Arrow table of ``columns`` (one sequence per column, in schema order).
+
+        Raises pyarrow's errors (``ArrowInvalid``, ``ArrowTypeError``, ``OverflowError``...)
+        for a value it refuses; the caller then inserts Native.
+        """
+        pa = self._pa
+        arrays = [pa.array(col, type=f.type) for col, f in zip(columns, self.schema)]
+        return pa.Table.from_arrays(arrays, schema=self.schema)
