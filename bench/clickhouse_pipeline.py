@@ -9,6 +9,8 @@ then measures on those same records, into modern ClickHouse in-process (chDB,
 through clickhouse-connect's ``chdb://`` backend -- the only modern ClickHouse
 that runs on these machines):
 
+  (a) consume only -- the broker's delivery rate to one consumer: end to end can go no faster
+                     (with chDB the pipeline is one process, so one consumer)
   (r) raw insert  -- the records consumed and mapped up front, then inserted with
                      ``client.insert(table, rows, column_names=..., column_type_names=...)``
                      in batches of the pipeline's batch size, one after another, into the
@@ -25,8 +27,9 @@ that runs on these machines):
                      consume, decode, map, dedupe by key, columnar insert with the
                      insert token, commit), per lane count, and its peak RSS
 
-and prints e/r (target ≥ 0.5) and e/min(m, w), then checks the end-to-end
-table with FINAL. (m) and (w) say where the time goes: with chDB the insert runs
+and prints e/r (target ≥ 0.5) and e/min(m, w), the bound e/r ≤ a/r, and the
+cap the machine's CPU puts on doing (a) and (w) together (CPU-seconds of every
+process per record, from /proc/stat), then checks the end-to-end table with FINAL. (m) and (w) say where the time goes: with chDB the insert runs
 inside the ingest process, so decode/map and the Native encoding share its
 cores (and the GIL) with ClickHouse itself.
 """
@@ -58,7 +61,7 @@ from ingest.types import Item  # noqa: E402
 from ingest.writer import BatchWriter  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PARTITIONS, consume_all, create_topic, produce  # noqa: E402
+from common import PARTITIONS, Window, consume_all, cpu_cap, create_topic, produce  # noqa: E402
 
 BATCH_ROWS = 5000
 DATABASE = "bench"
@@ -130,7 +133,7 @@ class _NoDlq:
         pass
 
 
-def write_path(path: Path, items: list[Item], settings: PipelineSettings) -> float:
+def write_path(path: Path, items: list[Item], settings: PipelineSettings) -> Window:
     """Seconds for the batch writer + ClickHouseSink over ``items`` (serially, one lane)."""
     import threading
 
@@ -144,11 +147,12 @@ def write_path(path: Path, items: list[Item], settings: PipelineSettings) -> flo
             client.command(stmt)
         writer = BatchWriter(pipeline=settings.name, write=sink.write, dlq=_NoDlq(), retry=RetrySettings(),
                              conflict_key_index=[0], abort=threading.Event())
-        start = time.perf_counter()
+        window = Window()
+        window.start()
         for i in range(0, len(items), BATCH_ROWS):
             result = writer.handle(0, items[i:i + BATCH_ROWS], "size")
             assert result.error is None, result.error
-        return time.perf_counter() - start
+        return window.stop()
     finally:
         sink.close()
 
@@ -201,22 +205,24 @@ def main() -> None:
         settings = PipelineSettings.model_validate(
             pipeline_settings("raw", "chdb://memory", topic, 1, dlq_dsn))
         mapper = Mapper(settings.sink.columns)
-        records, _ = consume_all(bootstrap, topic, n)
+        records, win_a = consume_all(bootstrap, topic, n)
         tune_for_throughput()  # the same interpreter settings as `ingest run`
         start = time.perf_counter()
         rows = [mapper.map(r)[0] for r in records]
         t_m = time.perf_counter() - start
         t_r, t_r1, t_ra = raw_insert(workdir / "chdb-raw", rows, settings)
         items = [Item(rec, row, None, 0, rec.size_bytes) for rec, row in zip(records, rows)]
-        t_w = write_path(workdir / "chdb-raw", items, PipelineSettings.model_validate(
+        win_w = write_path(workdir / "chdb-raw", items, PipelineSettings.model_validate(
             pipeline_settings("writepath", f"chdb://{workdir / 'chdb-raw'}", topic, 1, dlq_dsn)))
         e2e = {lanes: end_to_end(bootstrap, topic, workdir, lanes, dlq_dsn, n) for lanes in args.lanes}
 
         keys = len({row[0] for row in rows})
-        r, r1, ra, m, w = n / t_r, n / t_r1, n / t_ra, n / t_m, n / t_w
+        t_w = win_w.wall_s
+        r, r1, ra, m, w, a = n / t_r, n / t_r1, n / t_ra, n / t_m, n / t_w, n / win_a.wall_s
         print(f"\nrecords: {n} over {PARTITIONS} partitions, {keys} keys, batch {BATCH_ROWS} rows, "
               f"ClickHouse = chDB (in-process) via clickhouse-connect")
         print(f"{'measure':<52}{'records/s':>12}")
+        print(f"{'(a) consume only (one confluent-kafka consumer)':<52}{a:>12,.0f}")
         print(f"{'(r) raw client.insert, batches of ' + str(BATCH_ROWS):<52}{r:>12,.0f}")
         print(f"{'(r1) raw client.insert, one call':<52}{r1:>12,.0f}")
         print(f"{'(ra) raw client.insert_arrow, batches of ' + str(BATCH_ROWS):<52}{ra:>12,.0f}")
@@ -231,6 +237,11 @@ def main() -> None:
         print(f"\nratio e/r = {best / r:.2f} (target >= 0.5)   e/r1 = {best / r1:.2f}   e/ra = {best / ra:.2f}   "
               f"e/min(m,w) = {best / min(m, w):.2f}   serial bound 1/(1/m+1/w) = {1 / (1 / m + 1 / w):,.0f}/s\n"
               f"(end-to-end table: {keys} keys with FINAL, as expected)")
+        # End to end cannot deliver faster than the broker delivers to one consumer (chDB: one process).
+        (cpu_a, cpu_w), cores, bound = cpu_cap(n, win_a, win_w)
+        print(f"bounds: e <= (a) = {a:,.0f}/s, so e/r <= a/r = {a / r:.2f};   e/a = {best / a:.2f}\n"
+              f"machine CPU per record (broker + ClickHouse + Python): (a) {cpu_a:.1f} us, (w) {cpu_w:.1f} us -> "
+              f"both on {cores} cores cap end to end at {bound:,.0f}/s;   e / that cap = {best / bound:.2f}")
     finally:
         services.close()
         shutil.rmtree(workdir, ignore_errors=True)

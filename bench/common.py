@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -49,19 +50,57 @@ def produce(bootstrap: str, topic: str, n: int, value: Callable[[int, int], byte
         raise RuntimeError("produce did not finish")
 
 
-def consume_all(bootstrap: str, topic: str, n: int) -> tuple[list[Record], float]:
-    """Read ``n`` records back with one group-less consumer; returns them and the seconds it took."""
+def machine_busy_s() -> float:
+    """CPU-seconds every process on this machine has used since boot (``/proc/stat``: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class Window:
+    """A measured interval: wall seconds and the machine's busy CPU-seconds in it (broker, database, us)."""
+
+    def __init__(self) -> None:
+        self.wall_s = 0.0
+        self.cpu_s = 0.0
+        self._t0: float | None = None
+        self._c0 = 0.0
+
+    def start(self) -> None:
+        self._t0, self._c0 = time.perf_counter(), machine_busy_s()
+
+    def stop(self) -> Window:
+        assert self._t0 is not None, "stop() before start()"
+        self.wall_s, self.cpu_s = time.perf_counter() - self._t0, machine_busy_s() - self._c0
+        return self
+
+    def cpu_us_per_record(self, n: int) -> float:
+        return self.cpu_s / n * 1e6
+
+
+def cpu_cap(n: int, *windows: Window) -> tuple[list[float], int, float]:
+    """Machine CPU µs per record of each window, the core count, and the records/s cap of doing all of them
+    on these cores: ``cores / sum(cpu per record)``."""
+    per_record = [w.cpu_us_per_record(n) for w in windows]
+    cores = os.cpu_count() or 1
+    return per_record, cores, cores * 1e6 / sum(per_record)
+
+
+def consume_all(bootstrap: str, topic: str, n: int) -> tuple[list[Record], Window]:
+    """Read ``n`` records back with one group-less consumer; returns them and the window (first record → last)."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}", **CONSUMER})
     c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     out: list[Record] = []
-    start = None
+    window = Window()
+    started = False
     while len(out) < n:
         msgs = c.consume(10000, timeout=1.0)
-        if start is None and msgs:
-            start = time.perf_counter()
+        if not started and msgs:
+            window.start()
+            started = True
         for m in msgs:
             if m.error() is None:
                 out.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1]))
-    elapsed = time.perf_counter() - (start or time.perf_counter())
+    window.stop()
     c.close()
-    return out, elapsed
+    return out, window

@@ -15,7 +15,11 @@ same records:
   (e) end to end       -- ``ingest run`` as a subprocess (first record → last batch handled),
                           and its peak RSS
 
-and prints each figure with the ratios e/min(a,b) and e/d.
+and prints each figure with the ratios e/min(a,b) and e/d. (a) and (b) each run
+with the whole machine; end to end does both on the same cores, so the script
+also measures the machine's busy CPU-seconds per record in (a) and (b) (every
+process: broker, PostgreSQL, Python; from /proc/stat) and prints the cap that
+puts on end to end: cores / (cpu_a + cpu_b).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from ingest.tuning import tune_for_throughput  # noqa: E402
 from ingest.types import Record  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import CONSUMER, PARTITIONS, consume_all, create_topic, produce  # noqa: E402
+from common import CONSUMER, PARTITIONS, Window, consume_all, cpu_cap, create_topic, produce  # noqa: E402
 
 BATCH_ROWS = 5000
 COLUMNS = {
@@ -68,17 +72,18 @@ def sink_settings(dsn: str, table: str) -> PostgresSinkSettings:
     return PostgresSinkSettings(dsn=dsn, table=table, conflict_key=["event_id"], columns=COLUMNS)
 
 
-def write_path(dsn: str, rows: list[tuple]) -> float:
+def write_path(dsn: str, rows: list[tuple]) -> Window:
     make_table(dsn, "bench_write_path", keyed=True)
     sink = PostgresSink(sink_settings(dsn, "bench_write_path"), pool_size=1)
     sink.write(rows[:1])  # open the pool outside the timing
-    start = time.perf_counter()
+    window = Window()
+    window.start()
     for i in range(0, len(rows), BATCH_ROWS):
         dedup = {row[0]: row for row in rows[i:i + BATCH_ROWS]}
         sink.write(list(dedup.values()))
-    elapsed = time.perf_counter() - start
+    window.stop()
     sink.close()
-    return elapsed
+    return window
 
 
 def plain_copy(dsn: str, rows: list[tuple]) -> float:
@@ -167,10 +172,11 @@ def main() -> None:
 
         # (a)-(d) run under the same interpreter settings as `ingest run` (GC, switch interval).
         tune_for_throughput()
-        records, t_a = consume_all(bootstrap, topic, args.records)
+        records, win_a = consume_all(bootstrap, topic, args.records)
         mapper = Mapper(sink_settings(dsn, "x").columns)
         rows = [mapper.map(r)[0] for r in records]
-        t_b = write_path(dsn, rows)
+        win_b = write_path(dsn, rows)
+        t_a, t_b = win_a.wall_s, win_b.wall_s
         t_c = plain_copy(dsn, rows)
         t_d = naive(bootstrap, topic, dsn, mapper, args.naive_records)
         e2e = {f"lanes={lanes}": end_to_end(bootstrap, topic, dsn, lanes) for lanes in args.lanes}
@@ -192,9 +198,15 @@ def main() -> None:
         best = max(r["rate"] for r in e2e.values())
         print(f"\nratio e/min(a,b) = {best / min(a, b):.2f}   e/b = {best / b:.2f}   e/c = {best / c:.2f}   "
               f"e/d = {best / d:.0f}x")
+        # (a) and (b) each had the whole machine; end to end must do both on the same cores.
+        (cpu_a, cpu_b), cores, bound = cpu_cap(n, win_a, win_b)
+        print(f"machine CPU per record (broker + PostgreSQL + Python, all processes): (a) {cpu_a:.1f} us, "
+              f"(b) {cpu_b:.1f} us\n-> doing both on these {cores} cores caps end to end at "
+              f"{cores} / ({cpu_a:.1f} + {cpu_b:.1f}) us = {bound:,.0f} records/s;   e / that cap = {best / bound:.2f}")
         if args.json:
             args.json.write_bytes(orjson.dumps({
                 "records": n, "consume_only": a, "write_path": b, "plain_copy": c, "naive": d,
+                "cpu_us_per_record": {"consume_only": cpu_a, "write_path": cpu_b}, "cpu_bound": bound,
                 "end_to_end": {k: {"rate": v["rate"], "peak_rss_bytes": v["rss"]} for k, v in e2e.items()},
             }, option=orjson.OPT_INDENT_2))
     finally:

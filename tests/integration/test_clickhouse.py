@@ -299,10 +299,8 @@ ALL_TYPES: dict[str, Any] = {
 }
 
 
-def test_every_supported_type_round_trips(chdb) -> None:
-    p = pipeline(chdb.url, table="typed", columns=ALL_TYPES)
-    migrate_clickhouse(p)
-    u = uuid.uuid4()
+def _round_trip_docs_and_expected(u: uuid.UUID) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Two records covering every type (extremes, NULLs, empties) and the rows ClickHouse gives back."""
     docs = [
         {"id": 1, "u8": 255, "u16": 65535, "u32": 4294967295, "u64": "18446744073709551615",
          "i8": -128, "i16": -32768, "i32": -2147483648, "i64": "-9223372036854775808",
@@ -315,75 +313,45 @@ def test_every_supported_type_round_trips(chdb) -> None:
          "b": "false", "d": "1970-01-01", "ts": 0, "uid": "00000000-0000-0000-0000-000000000000",
          "arr": [], "j": "just a string"},
     ]
-    mapper = Mapper(p.sink.columns)
-    sink = ClickHouseSink(p.sink, pipeline=p.name)
-    try:
-        ok(writer_for(p, sink.write).handle(0, items_of(mapper, [record(i, d) for i, d in enumerate(docs)]), "size"))
-        names = [c for c in ALL_TYPES if c != "ts"]
-        rows = sink.client().query(
-            f"SELECT {', '.join(names)}, toUnixTimestamp64Milli(ts) FROM ingest_test.typed FINAL ORDER BY id"
-        ).result_rows
-    finally:
-        sink.close()
-    got = [dict(zip(names + ["ts_ms"], r)) for r in rows]
-    assert got[0] == {
-        "id": 1, "u8": 255, "u16": 65535, "u32": 4294967295, "u64": 2**64 - 1, "i8": -128, "i16": -32768,
-        "i32": -(2**31), "i64": -(2**63), "f32": 1.5, "f64": -2.25e300, "dec": Decimal("12345678901234.5678"),
-        "wide": Decimal("-123456789012345678901234567890.0123456789"), "s": "héllo\x00wörld", "lc": "eu-west",
-        "b": True, "d": date(2149, 6, 6), "uid": u, "n": -7, "ns": "x", "arr": [1, -2, 3], "arrn": ["a", None],
-        "nested": [[1, 2], []], "j": '{"k":[1,"two",null]}', "nj": "[true]",
-        "ts_ms": int(datetime(2024, 2, 29, 22, 59, 59, 999000, tzinfo=UTC).timestamp() * 1000),
-    }
-    assert got[1] == {
-        "id": 2, "u8": 0, "u16": 0, "u32": 0, "u64": 0, "i8": 127, "i16": 32767, "i32": 2**31 - 1,
-        "i64": 2**63 - 1, "f32": 0.0, "f64": 0.1, "dec": Decimal("-0.0001"), "wide": Decimal(0), "s": "", "lc": "",
-        "b": False, "d": date(1970, 1, 1), "uid": uuid.UUID(int=0), "n": None, "ns": None, "arr": [],
-        "arrn": [], "nested": [], "j": '"just a string"', "nj": None, "ts_ms": 0,
-    }
-
-
-def test_arrow_inserts_round_trip_every_type_they_cover(chdb) -> None:
-    """Without a UUID column the sink inserts FORMAT Arrow; values land as with Native, NULLs included."""
-    columns = {k: v for k, v in ALL_TYPES.items() if k != "uid"}
-    p = pipeline(chdb.url, table="typed_arrow", columns=columns)
-    migrate_clickhouse(p)
-    docs = [
-        {"id": 1, "u8": 255, "u16": 65535, "u32": 4294967295, "u64": "18446744073709551615",
-         "i8": -128, "i16": -32768, "i32": -2147483648, "i64": "-9223372036854775808",
-         "f32": 1.5, "f64": -2.25e300, "dec": "12345678901234.5678", "wide": "-123456789012345678901234567890.0123456789",
-         "s": "héllo\u0000wörld", "lc": "eu-west", "b": True, "d": "2149-06-06", "ts": "2024-02-29T23:59:59.999+01:00",
-         "n": -7, "ns": "x", "arr": [1, -2, "3"], "arrn": ["a", None], "nested": [[1, 2], []],
-         "j": {"k": [1, "two", None]}, "nj": [True]},
-        {"id": 2, "u8": 0, "u16": 0, "u32": 0, "u64": 0, "i8": 127, "i16": 32767, "i32": 2147483647,
-         "i64": 9223372036854775807, "f32": 0, "f64": 0.1, "dec": -0.00005, "wide": 0, "s": "", "lc": "",
-         "b": "false", "d": "1970-01-01", "ts": 0, "arr": [], "j": "just a string"},
+    expected = [
+        {"id": 1, "u8": 255, "u16": 65535, "u32": 4294967295, "u64": 2**64 - 1, "i8": -128, "i16": -32768,
+         "i32": -(2**31), "i64": -(2**63), "f32": 1.5, "f64": -2.25e300, "dec": Decimal("12345678901234.5678"),
+         "wide": Decimal("-123456789012345678901234567890.0123456789"), "s": "héllo\x00wörld", "lc": "eu-west",
+         "b": True, "d": date(2149, 6, 6), "uid": u, "n": -7, "ns": "x", "arr": [1, -2, 3], "arrn": ["a", None],
+         "nested": [[1, 2], []], "j": '{"k":[1,"two",null]}', "nj": "[true]",
+         "ts_ms": int(datetime(2024, 2, 29, 22, 59, 59, 999000, tzinfo=UTC).timestamp() * 1000)},
+        {"id": 2, "u8": 0, "u16": 0, "u32": 0, "u64": 0, "i8": 127, "i16": 32767, "i32": 2**31 - 1,
+         "i64": 2**63 - 1, "f32": 0.0, "f64": 0.1, "dec": Decimal("-0.0001"), "wide": Decimal(0), "s": "", "lc": "",
+         "b": False, "d": date(1970, 1, 1), "uid": uuid.UUID(int=0), "n": None, "ns": None, "arr": [],
+         "arrn": [], "nested": [], "j": '"just a string"', "nj": None, "ts_ms": 0},
     ]
+    return docs, expected
+
+
+@pytest.mark.parametrize(("table", "with_uuid", "arrow_inserts"), [
+    ("typed", True, 0),          # a UUID column keeps the sink on Native
+    ("typed_arrow", False, 1),   # every other type goes FORMAT Arrow
+])
+def test_every_supported_type_round_trips(chdb, table: str, with_uuid: bool, arrow_inserts: int) -> None:
+    columns = {k: v for k, v in ALL_TYPES.items() if with_uuid or k != "uid"}
+    p = pipeline(chdb.url, table=table, columns=columns)
+    migrate_clickhouse(p)
+    docs, expected = _round_trip_docs_and_expected(uuid.uuid4())
+    if not with_uuid:
+        for row in docs + expected:
+            row.pop("uid", None)
     mapper = Mapper(p.sink.columns)
     sink = ClickHouseSink(p.sink, pipeline=p.name)
     try:
         ok(writer_for(p, sink.write).handle(0, items_of(mapper, [record(i, d) for i, d in enumerate(docs)]), "size"))
-        assert (sink.inserts, sink.arrow_inserts) == (1, 1)
+        assert (sink.inserts, sink.arrow_inserts) == (1, arrow_inserts)
         names = [c for c in columns if c != "ts"]
         rows = sink.client().query(
-            f"SELECT {', '.join(names)}, toUnixTimestamp64Milli(ts) FROM ingest_test.typed_arrow FINAL ORDER BY id"
+            f"SELECT {', '.join(names)}, toUnixTimestamp64Milli(ts) FROM ingest_test.{table} FINAL ORDER BY id"
         ).result_rows
     finally:
         sink.close()
-    got = [dict(zip(names + ["ts_ms"], r)) for r in rows]
-    assert got[0] == {
-        "id": 1, "u8": 255, "u16": 65535, "u32": 4294967295, "u64": 2**64 - 1, "i8": -128, "i16": -32768,
-        "i32": -(2**31), "i64": -(2**63), "f32": 1.5, "f64": -2.25e300, "dec": Decimal("12345678901234.5678"),
-        "wide": Decimal("-123456789012345678901234567890.0123456789"), "s": "héllo\x00wörld", "lc": "eu-west",
-        "b": True, "d": date(2149, 6, 6), "n": -7, "ns": "x", "arr": [1, -2, 3], "arrn": ["a", None],
-        "nested": [[1, 2], []], "j": '{"k":[1,"two",null]}', "nj": "[true]",
-        "ts_ms": int(datetime(2024, 2, 29, 22, 59, 59, 999000, tzinfo=UTC).timestamp() * 1000),
-    }
-    assert got[1] == {
-        "id": 2, "u8": 0, "u16": 0, "u32": 0, "u64": 0, "i8": 127, "i16": 32767, "i32": 2**31 - 1,
-        "i64": 2**63 - 1, "f32": 0.0, "f64": 0.1, "dec": Decimal("-0.0001"), "wide": Decimal(0), "s": "", "lc": "",
-        "b": False, "d": date(1970, 1, 1), "n": None, "ns": None, "arr": [],
-        "arrn": [], "nested": [], "j": '"just a string"', "nj": None, "ts_ms": 0,
-    }
+    assert [dict(zip(names + ["ts_ms"], r)) for r in rows] == expected
 
 
 def test_uuid_column_keeps_the_sink_on_native_and_native_can_be_forced(chdb) -> None:
