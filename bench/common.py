@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -30,24 +31,36 @@ def create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> No
         fut.result()
 
 
-def produce(bootstrap: str, topic: str, n: int, value: Callable[[int, int], bytes] = event) -> None:
-    """``n`` records over ``n // 3`` keys (Kafka key = str(key)), ``value(i, key)`` as the value."""
-    keys = max(1, n // 3)
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                  "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
-    for i in range(n):
-        k = (i * 7919) % keys
-        payload = value(i, k)
+#: The benchmarks' producer: idempotent, big batches, a local queue deep enough for a backlog.
+PRODUCER = {"enable.idempotence": True, "linger.ms": 20, "batch.num.messages": 10000,
+            "queue.buffering.max.messages": 1_000_000}
+
+
+def send_all(bootstrap: str, messages: Iterable[tuple[str, bytes, bytes]], *,
+             config: Mapping[str, Any] | None = None, flush_timeout_s: float = 60) -> None:
+    """Produce ``(topic, key, value)`` messages, waiting whenever the local queue is full; then flush.
+
+    ``config`` adds to or overrides :data:`PRODUCER`. Raises RuntimeError if the flush does not finish.
+    """
+    p = Producer({"bootstrap.servers": bootstrap, **PRODUCER, **(config or {})})
+    for i, (topic, key, value) in enumerate(messages):
         while True:
             try:
-                p.produce(topic, key=str(k).encode(), value=payload)
+                p.produce(topic, key=key, value=value)
                 break
             except BufferError:
                 p.poll(0.05)
         if i % 10000 == 0:
             p.poll(0)
-    if p.flush(60) != 0:
+    if p.flush(flush_timeout_s) != 0:
         raise RuntimeError("produce did not finish")
+
+
+def produce(bootstrap: str, topic: str, n: int, value: Callable[[int, int], bytes] = event) -> None:
+    """``n`` records over ``n // 3`` keys (Kafka key = str(key)), ``value(i, key)`` as the value."""
+    keys = max(1, n // 3)
+    send_all(bootstrap, ((topic, str(k).encode(), value(i, k)) for i, k in ((i, (i * 7919) % keys)
+                                                                            for i in range(n))))
 
 
 def machine_busy_s() -> float:

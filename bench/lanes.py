@@ -44,12 +44,14 @@ from pathlib import Path
 import orjson
 import psycopg
 import yaml
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ingest.embedded import start_all  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import send_all  # noqa: E402
 
 PARTITIONS = 8
 COLUMNS = {
@@ -66,22 +68,10 @@ def progress(msg: str) -> None:
 
 
 def produce(bootstrap: str, topic: str, n: int, keys: int) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                  "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
     pad = "x" * 60
     rng = random.Random(7)  # keys in random order (a strict rotation would alias with the 1-in-16 hot-key sampler)
-    for i in range(n):
-        key = f"key-{rng.randrange(keys)}".encode()
-        while True:
-            try:
-                p.produce(topic, key=key, value=orjson.dumps({"seq": i, "pad": pad}))
-                break
-            except BufferError:
-                p.poll(0.05)
-        if i % 10000 == 0:
-            p.poll(0)
-    if p.flush(60) != 0:
-        raise RuntimeError("produce did not finish")
+    send_all(bootstrap, ((topic, f"key-{rng.randrange(keys)}".encode(), orjson.dumps({"seq": i, "pad": pad}))
+                         for i in range(n)))
 
 
 def make_table(dsn: str, table: str, sleep_s: float) -> None:

@@ -47,7 +47,6 @@ import orjson
 import psutil
 import psycopg
 import yaml
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -55,6 +54,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ingest.config import PostgresSink as PostgresSinkSettings  # noqa: E402
 from ingest.core.mapping import Mapper  # noqa: E402
 from ingest.embedded import start_all  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import send_all  # noqa: E402
 from ingest.types import Item, Record  # noqa: E402
 
 PARTITIONS = 6
@@ -84,21 +86,9 @@ def key(i: int) -> bytes:
 
 
 def produce(bootstrap: str, topic: str, n: int) -> float:
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 50,
-                  "batch.num.messages": 10000, "batch.size": 1_000_000, "compression.type": "none",
-                  "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1_048_576})
     t = time.perf_counter()
-    for i in range(n):
-        while True:
-            try:
-                p.produce(topic, key=key(i), value=value(i))
-                break
-            except BufferError:
-                p.poll(0.05)
-        if i % 20000 == 0:
-            p.poll(0)
-    if p.flush(300) != 0:
-        raise RuntimeError("produce did not finish")
+    send_all(bootstrap, ((topic, key(i), value(i)) for i in range(n)), flush_timeout_s=300, config={
+        "linger.ms": 50, "batch.size": 1_000_000, "compression.type": "none", "queue.buffering.max.kbytes": 1_048_576})
     return time.perf_counter() - t
 
 

@@ -39,17 +39,20 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import psycopg
 import yaml
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ingest.embedded import start_all  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import send_all  # noqa: E402
 
 PIPELINES = (("orders", 10), ("payments", 5), ("clicks", 0))
 PARTITIONS = 4
@@ -80,22 +83,15 @@ def create_topics(bootstrap: str, names: list[str]) -> None:
 
 
 def produce_interleaved(bootstrap: str, topics: list[str], n: int, chunk: int = 2000) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                  "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
-    for start in range(0, n, chunk):
-        for topic in topics:
-            for i in range(start, min(n, start + chunk)):
-                value = orjson.dumps({"id": i, "kind": "click" if i % 3 else "view",
-                                      "amount": round(i % 10000 / 100, 2), "ts": 1764460800000 + i})
-                while True:
-                    try:
-                        p.produce(topic, key=str(i).encode(), value=value)
-                        break
-                    except BufferError:
-                        p.poll(0.05)
-            p.poll(0)
-    if p.flush(60) != 0:
-        raise RuntimeError("produce did not finish")
+    def messages() -> Iterator[tuple[str, bytes, bytes]]:
+        for start in range(0, n, chunk):
+            for topic in topics:
+                for i in range(start, min(n, start + chunk)):
+                    yield topic, str(i).encode(), orjson.dumps({"id": i, "kind": "click" if i % 3 else "view",
+                                                                "amount": round(i % 10000 / 100, 2),
+                                                                "ts": 1764460800000 + i})
+
+    send_all(bootstrap, messages())
 
 
 def slow_down_and_log(dsn: str, tables: list[str], sleep_ms: int) -> None:

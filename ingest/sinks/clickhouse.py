@@ -59,7 +59,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ingest.config import ClickHouseSink as ClickHouseSinkSettings
-from ingest.config import PipelineSettings, ch_type
+from ingest.config import PipelineSettings
 from ingest.errors import ConfigError, IngestError, PermanentError, ServiceUnreachable, TransientError
 from ingest.sinks.ch_arrow import ArrowEncoder
 from ingest.sinks.ch_errors import classify
@@ -172,11 +172,11 @@ class ClickHouseSink:
         self._pipeline = pipeline
         self._factory = client_factory
         self._columns = list(cfg.columns)
-        self._types = [ch_type(spec.type).ddl for spec in cfg.columns.values()]
+        ch_types = list(cfg.ch_types.values())
+        self._types = [t.ddl for t in ch_types]
         #: Arrow table builder when the columns allow it (``insert_format: auto``); whether the
         #: server reads Arrow is settled when connecting (``_use_arrow``)
-        self._arrow = (ArrowEncoder.for_columns(self._columns, [ch_type(spec.type) for spec in cfg.columns.values()])
-                       if cfg.insert_format == "auto" else None)
+        self._arrow = ArrowEncoder.for_columns(self._columns, ch_types) if cfg.insert_format == "auto" else None
         self._use_arrow = False
         self._client: Any = None
         self._token_supported = False
