@@ -435,10 +435,10 @@ def _e2e_config(tmp_path: Path, bootstrap: str, topic: str, group: str, chdb_pat
     })
 
 
-def _produce_events(bootstrap: str, topic: str, n: int, keys: int, seed: int, poison: int = 0
-                    ) -> tuple[dict[int, int], set[int]]:
+def _event_records(n: int, keys: int, seed: int, poison: int = 0
+                   ) -> tuple[list[tuple[bytes, bytes]], dict[int, int], set[int]]:
     """``n`` records keyed by str(id) (a key stays in one partition), ids < ``keys``; ``poison``
-    more with ids >= 1e6 that fail mapping. Returns ({id: last seq}, poison ids)."""
+    of them with ids >= 1e6 that fail mapping. Returns (records, {id: last seq}, poison ids)."""
     rng = random.Random(seed)
     records, last = [], {}
     poison_at = set(rng.sample(range(n), poison))
@@ -452,9 +452,18 @@ def _produce_events(bootstrap: str, topic: str, n: int, keys: int, seed: int, po
         k = rng.randrange(keys)
         last[k] = seq
         records.append((str(k).encode(), orjson.dumps({"id": k, "seq": seq, "small": seq % 200})))
+    return records, last, poison_ids
+
+
+def _produce_events(bootstrap: str, topic: str, n: int, keys: int, seed: int, poison: int = 0
+                    ) -> tuple[dict[int, int], set[int]]:
+    """Produce :func:`_event_records`; returns ({id: last seq}, poison ids)."""
+    records, last, poison_ids = _event_records(n, keys, seed, poison)
     for start in range(0, n, 5000):
         produce(bootstrap, topic, records[start:start + 5000])
     return last, poison_ids
+
+
 
 
 def _assert_end_state(chdb, last: dict[int, int], bootstrap: str, group: str, topic: str) -> None:
@@ -492,17 +501,37 @@ def test_ingest_run_into_chdb_end_to_end(kafka_bootstrap, new_topic, group_id, p
 def test_kill_9_and_restart_mid_run_leaves_the_same_end_state(kafka_bootstrap, new_topic, group_id, pg_dsn, chdb,
                                                               tmp_path) -> None:
     topic = new_topic(6)
-    last, _ = _produce_events(kafka_bootstrap, topic, 40_000, 4_000, seed=40_000)
+    n = 40_000
+    records, last, _ = _event_records(n, 4_000, seed=40_000)
+    head, chunk = 4_000, 2_000
+    produce(kafka_bootstrap, topic, records[:head])
+
+    def rest() -> None:  # the rest of the stream, paced: the run cannot finish before it is all there
+        for start in range(head, n, chunk):
+            produce(kafka_bootstrap, topic, records[start:start + chunk])
+            time.sleep(0.1)
+
+    producer = threading.Thread(target=rest, name="paced-producer", daemon=True)
     config = _e2e_config(tmp_path, kafka_bootstrap, topic, group_id, chdb.path, pg_dsn)
     _ok(run_ingest(["migrate", "-c", config], timeout_s=60, log_dir=tmp_path))
     proc = start_ingest(["run", "-c", config], log_dir=tmp_path)
     deadline = time.monotonic() + 60
-    while sum(committed_offsets(kafka_bootstrap, group_id, topic).values()) < 2_000:
-        assert proc.poll() is None, proc.describe()
-        assert time.monotonic() < deadline, proc.describe()
-        time.sleep(0.05)
-    proc.kill9()
-    assert sum(committed_offsets(kafka_bootstrap, group_id, topic).values()) < 40_000, "killed too late"
+    try:
+        while True:
+            done = sum(committed_offsets(kafka_bootstrap, group_id, topic).values())
+            if done > 0 and producer.ident is None:
+                producer.start()  # once the run commits: the stream is still growing when it is killed
+            if done >= 2_000 and producer.ident is not None:
+                break
+            assert proc.poll() is None, proc.describe()
+            assert time.monotonic() < deadline, proc.describe()
+            time.sleep(0.05)
+        proc.kill9()
+        assert sum(committed_offsets(kafka_bootstrap, group_id, topic).values()) < n, "killed too late"
+    finally:
+        if producer.ident is None:
+            producer.start()
+        producer.join(120)
     _ok(run_ingest(["run", "-c", config, "--until-idle", "2"], timeout_s=120, log_dir=tmp_path))
     _assert_end_state(chdb, last, kafka_bootstrap, group_id, topic)
 
