@@ -1,6 +1,6 @@
 """Kafka → PostgreSQL benchmark: end-to-end beside its bounds, measured in one run.
 
-    .venv/bin/python bench/pg_pipeline.py [--records 200000] [--naive-records 5000]
+    .venv/bin/python bench/pg_pipeline.py [--records 200000] [--naive-records 5000] [--rounds 3]
 
 Starts an embedded broker (Tansu) and uses ``$INGEST_PG_DSN`` or an embedded
 PostgreSQL (pgserver), produces one topic of JSON records (6 partitions, ~110 B
@@ -15,7 +15,11 @@ same records:
   (e) end to end       -- ``ingest run`` as a subprocess (first record → last batch handled),
                           and its peak RSS
 
-and prints each figure with the ratios e/min(a,b) and e/d. (a) and (b) each run
+(e) runs with 1 and 4 lanes in one process, and with ``--processes 2`` and 1 or 2 lanes each.
+(a), (b), (c) and every (e) are measured ``--rounds`` times, interleaved (one round measures
+each once), because this shared machine has slow spells of many seconds: the script prints
+the best and the median of each and the ratios of the best figures (and of the medians)
+e/min(a,b) and e/d. (a) and (b) each run
 with the whole machine; end to end does both on the same cores, so the script
 also measures the machine's busy CPU-seconds per record in (a) and (b) (every
 process: broker, PostgreSQL, Python; from /proc/stat) and prints the cap that
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -155,12 +160,20 @@ def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int 
             "consumed": stats["records_consumed"], "stagger_s": max(starts) - min(starts) if len(starts) > 1 else None}
 
 
+def best_and_median(values: list[float]) -> tuple[float, float]:
+    return max(values), statistics.median(values)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--naive-records", type=int, default=5_000)
     ap.add_argument("--lanes", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--processes", type=int, default=2, help="also run end to end with this many processes (0: skip)")
+    ap.add_argument("--process-lanes", type=int, nargs="+", default=[1, 2],
+                    help="lanes per process in the --processes runs")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="measure (a), (b), (c) and every (e) this many times, interleaved; report best and median")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON to this file")
     args = ap.parse_args()
 
@@ -175,44 +188,73 @@ def main() -> None:
 
         # (a)-(d) run under the same interpreter settings as `ingest run` (GC, switch interval).
         tune_for_throughput()
-        records, win_a = consume_all(bootstrap, topic, args.records)
-        mapper = Mapper(sink_settings(dsn, "x").columns)
-        rows = [mapper.map(r)[0] for r in records]
-        win_b = write_path(dsn, rows)
-        t_a, t_b = win_a.wall_s, win_b.wall_s
-        t_c = plain_copy(dsn, rows)
-        t_d = naive(bootstrap, topic, dsn, mapper, args.naive_records)
-        e2e = {f"lanes={lanes}": end_to_end(bootstrap, topic, dsn, lanes) for lanes in args.lanes}
-        if args.processes > 1:
-            e2e[f"processes={args.processes}, lanes=2"] = end_to_end(bootstrap, topic, dsn, 2, args.processes)
-
         n = args.records
-        a, b, c, d = n / t_a, n / t_b, n / t_c, args.naive_records / t_d
-        print(f"\nrecords: {n} over {PARTITIONS} partitions, {n // 3} keys, batch {BATCH_ROWS} rows")
-        print(f"{'measure':<44}{'records/s':>12}")
-        print(f"{'(a) consume only':<44}{a:>12,.0f}")
-        print(f"{'(b) write path alone (COPY->stage->upsert)':<44}{b:>12,.0f}")
-        print(f"{'(c) plain COPY of decoded rows':<44}{c:>12,.0f}")
-        print(f"{'(d) naive consumer (' + str(args.naive_records) + ' records)':<44}{d:>12,.0f}")
-        for label, r in e2e.items():
-            assert r["consumed"] == n, f"end-to-end consumed {r['consumed']} of {n}"
-            rss = f"   peak RSS {r['rss'] / 2**20:.0f} MiB" if r["rss"] else ""
-            stagger = (f", first records {r['stagger_s']:.2f} s apart (group join)"
-                       if r.get("stagger_s") is not None else "")
-            print(f"{'(e) ingest run, ' + label:<44}{r['rate']:>12,.0f}{rss}{stagger}")
-        best = max(r["rate"] for r in e2e.values())
-        print(f"\nratio e/min(a,b) = {best / min(a, b):.2f}   e/b = {best / b:.2f}   e/c = {best / c:.2f}   "
-              f"e/d = {best / d:.0f}x")
+        mapper = Mapper(sink_settings(dsn, "x").columns)
+        configs = [(f"lanes={lanes}", lanes, 1) for lanes in args.lanes]
+        if args.processes > 1:
+            configs += [(f"processes={args.processes}, lanes={lanes}", lanes, args.processes)
+                        for lanes in args.process_lanes]
+        # One round measures everything once, so that a slow spell of this shared machine
+        # hits every measure of that round rather than one measure of the whole run.
+        rates: dict[str, list[float]] = {}
+        windows: dict[str, list[Window]] = {"a": [], "b": []}
+        e2e: dict[str, list[dict]] = {label: [] for label, _, _ in configs}
+        rows: list[tuple] = []
+        for rnd in range(args.rounds):
+            records, win_a = consume_all(bootstrap, topic, n)
+            if not rows:
+                rows = [mapper.map(r)[0] for r in records]
+            del records
+            win_b = write_path(dsn, rows)
+            windows["a"].append(win_a)
+            windows["b"].append(win_b)
+            rates.setdefault("a", []).append(n / win_a.wall_s)
+            rates.setdefault("b", []).append(n / win_b.wall_s)
+            rates.setdefault("c", []).append(n / plain_copy(dsn, rows))
+            for label, lanes, processes in configs:
+                e2e[label].append(end_to_end(bootstrap, topic, dsn, lanes, processes))
+            print(f"round {rnd + 1}/{args.rounds}: a {rates['a'][-1]:,.0f}  b {rates['b'][-1]:,.0f}  "
+                  + "  ".join(f"e[{k}] {v[-1]['rate']:,.0f}" for k, v in e2e.items()), flush=True)
+        d = args.naive_records / naive(bootstrap, topic, dsn, mapper, args.naive_records)
+
+        (a, a_med), (b, b_med), (c, c_med) = (best_and_median(rates[k]) for k in "abc")
+        print(f"\nrecords: {n} over {PARTITIONS} partitions, {n // 3} keys, batch {BATCH_ROWS} rows; "
+              f"{args.rounds} rounds (best, median)")
+        print(f"{'measure':<44}{'best':>12}{'median':>12}")
+        print(f"{'(a) consume only':<44}{a:>12,.0f}{a_med:>12,.0f}")
+        print(f"{'(b) write path alone (COPY->stage->upsert)':<44}{b:>12,.0f}{b_med:>12,.0f}")
+        print(f"{'(c) plain COPY of decoded rows':<44}{c:>12,.0f}{c_med:>12,.0f}")
+        print(f"{'(d) naive consumer (' + str(args.naive_records) + ' records, once)':<44}{d:>12,.0f}")
+        e_best: dict[str, float] = {}
+        e_med: dict[str, float] = {}
+        for label, runs in e2e.items():
+            for r in runs:
+                assert r["consumed"] == n, f"end-to-end consumed {r['consumed']} of {n}"
+            e_best[label], e_med[label] = best_and_median([r["rate"] for r in runs])
+            rss = max(r["rss"] for r in runs)
+            staggers = [r["stagger_s"] for r in runs if r.get("stagger_s") is not None]
+            extra = f"   peak RSS {rss / 2**20:.0f} MiB" if rss else ""
+            if staggers:
+                extra += f", first records {min(staggers):.2f}-{max(staggers):.2f} s apart (group join)"
+            print(f"{'(e) ingest run, ' + label:<44}{e_best[label]:>12,.0f}{e_med[label]:>12,.0f}{extra}")
+        best = max(e_best.values())
+        median_best = max(e_med.values())
+        print(f"\nratio e/min(a,b) = {best / min(a, b):.2f} (medians: {median_best / min(a_med, b_med):.2f})   "
+              f"e/b = {best / b:.2f}   e/c = {best / c:.2f}   e/d = {best / d:.0f}x")
         # (a) and (b) each had the whole machine; end to end must do both on the same cores.
+        win_a = windows["a"][rates["a"].index(a)]
+        win_b = windows["b"][rates["b"].index(b)]
         (cpu_a, cpu_b), cores, bound = cpu_cap(n, win_a, win_b)
         print(f"machine CPU per record (broker + PostgreSQL + Python, all processes): (a) {cpu_a:.1f} us, "
               f"(b) {cpu_b:.1f} us\n-> doing both on these {cores} cores caps end to end at "
               f"{cores} / ({cpu_a:.1f} + {cpu_b:.1f}) us = {bound:,.0f} records/s;   e / that cap = {best / bound:.2f}")
         if args.json:
             args.json.write_bytes(orjson.dumps({
-                "records": n, "consume_only": a, "write_path": b, "plain_copy": c, "naive": d,
+                "records": n, "rounds": args.rounds, "consume_only": a, "write_path": b, "plain_copy": c,
+                "naive": d, "medians": {"consume_only": a_med, "write_path": b_med, "plain_copy": c_med},
                 "cpu_us_per_record": {"consume_only": cpu_a, "write_path": cpu_b}, "cpu_bound": bound,
-                "end_to_end": {k: {"rate": v["rate"], "peak_rss_bytes": v["rss"]} for k, v in e2e.items()},
+                "end_to_end": {k: {"rate": e_best[k], "median": e_med[k],
+                                   "peak_rss_bytes": max(r["rss"] for r in e2e[k])} for k in e2e},
             }, option=orjson.OPT_INDENT_2))
     finally:
         services.close()
