@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -89,6 +91,45 @@ class Window:
 
     def cpu_us_per_record(self, n: int) -> float:
         return self.cpu_s / n * 1e6
+
+
+class BusySampler:
+    """Samples the machine's busy CPU-seconds (:func:`machine_busy_s`) every ``interval_s`` on the
+    system-wide monotonic clock, so the CPU used inside a window that another process reports on that
+    clock (``ingest run``'s ``busy_window_s``) can be read off afterwards. Use as a context manager."""
+
+    def __init__(self, interval_s: float = 0.05) -> None:
+        self._interval_s = interval_s
+        self._times: list[float] = []
+        self._busy: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="busy-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self._times.append(time.monotonic())
+            self._busy.append(machine_busy_s())
+            if self._stop.wait(self._interval_s):
+                return
+
+    def __enter__(self) -> BusySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _at(self, t: float) -> float:
+        """Busy CPU-seconds at monotonic time ``t``, interpolated between the two samples around it."""
+        i = min(max(bisect.bisect_left(self._times, t), 1), len(self._times) - 1)
+        t0, t1 = self._times[i - 1], self._times[i]
+        b0, b1 = self._busy[i - 1], self._busy[i]
+        return b0 + (b1 - b0) * min(max((t - t0) / (t1 - t0), 0.0), 1.0) if t1 > t0 else b1
+
+    def cpu_s(self, start: float, end: float) -> float:
+        """The machine's busy CPU-seconds between monotonic times ``start`` and ``end``."""
+        return self._at(end) - self._at(start)
 
 
 def cpu_cap(n: int, *windows: Window) -> tuple[list[float], int, float]:

@@ -53,7 +53,9 @@ from ingest.tuning import tune_for_throughput  # noqa: E402
 from ingest.types import Record  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import CONSUMER, PARTITIONS, Window, consume_all, cpu_cap, create_topic, produce  # noqa: E402
+from common import (  # noqa: E402
+    CONSUMER, PARTITIONS, BusySampler, Window, consume_all, cpu_cap, create_topic, produce,
+)
 
 BATCH_ROWS = 5000
 COLUMNS = {
@@ -147,16 +149,21 @@ def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int 
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         subprocess.run([sys.executable, "-m", "ingest", "migrate", "-c", str(path)], check=True, env=env,
                        stdout=subprocess.DEVNULL)
-        subprocess.run([sys.executable, "-m", "ingest", "run", "-c", str(path), "--until-idle", "3",
-                        "--processes", str(processes), "--metrics-port", "0",
-                        "--log-level", "warning", "--summary-json", str(summary)], check=True, env=env)
+        with BusySampler() as busy:
+            subprocess.run([sys.executable, "-m", "ingest", "run", "-c", str(path), "--until-idle", "3",
+                            "--processes", str(processes), "--metrics-port", "0",
+                            "--log-level", "warning", "--summary-json", str(summary)], check=True, env=env)
         data = orjson.loads(summary.read_bytes())
     stats = data["pipelines"]["bench"]
+    # The machine's busy CPU inside the window: what end to end costs per record, every process counted.
+    window = stats.get("busy_window_s") or [None, None]
+    cpu_us = (busy.cpu_s(*window) / stats["records_consumed"] * 1e6
+              if None not in window and stats["records_consumed"] else None)
     rate = stats["records_consumed"] / stats["busy_s"] if stats.get("busy_s") else stats["rate_per_s"]
     # With --processes, busy_s spans all children; how far apart they started (group join) is part of it.
     starts = [p["summary"]["pipelines"]["bench"]["busy_window_s"][0] for p in data.get("processes", [])
               if p.get("summary") and p["summary"]["pipelines"]["bench"].get("busy_window_s", [None])[0] is not None]
-    return {"rate": rate, "rss": data.get("peak_rss_bytes", 0), "rows": stats["rows_written"],
+    return {"rate": rate, "rss": data.get("peak_rss_bytes", 0), "rows": stats["rows_written"], "cpu_us": cpu_us,
             "consumed": stats["records_consumed"], "stagger_s": max(starts) - min(starts) if len(starts) > 1 else None}
 
 
@@ -236,6 +243,9 @@ def main() -> None:
             extra = f"   peak RSS {rss / 2**20:.0f} MiB" if rss else ""
             if staggers:
                 extra += f", first records {min(staggers):.2f}-{max(staggers):.2f} s apart (group join)"
+            cpus = [r["cpu_us"] for r in runs if r.get("cpu_us")]
+            if cpus:
+                extra += f", machine CPU {statistics.median(cpus):.1f} us/record"
             print(f"{'(e) ingest run, ' + label:<44}{e_best[label]:>12,.0f}{e_med[label]:>12,.0f}{extra}")
         best = max(e_best.values())
         median_best = max(e_med.values())
@@ -248,12 +258,22 @@ def main() -> None:
         print(f"machine CPU per record (broker + PostgreSQL + Python, all processes): (a) {cpu_a:.1f} us, "
               f"(b) {cpu_b:.1f} us\n-> doing both on these {cores} cores caps end to end at "
               f"{cores} / ({cpu_a:.1f} + {cpu_b:.1f}) us = {bound:,.0f} records/s;   e / that cap = {best / bound:.2f}")
+        # End to end also decodes, maps and tracks every record, which neither (a) nor (b) does: its own
+        # CPU per record (median over the rounds) caps it at cores / cpu_e, whatever the overlap.
+        best_label = max(e_best, key=e_best.__getitem__)
+        cpu_e = [r["cpu_us"] for r in e2e[best_label] if r.get("cpu_us")]
+        if cpu_e:
+            cap_e = cores * 1e6 / statistics.median(cpu_e)
+            print(f"end to end ({best_label}) costs {statistics.median(cpu_e):.1f} us of machine CPU per record "
+                  f"-> at most {cores} / {statistics.median(cpu_e):.1f} us = {cap_e:,.0f} records/s here, "
+                  f"= {cap_e / min(a, b):.2f} x min(a,b);   e / that cap = {best / cap_e:.2f}")
         if args.json:
             args.json.write_bytes(orjson.dumps({
                 "records": n, "rounds": args.rounds, "consume_only": a, "write_path": b, "plain_copy": c,
                 "naive": d, "medians": {"consume_only": a_med, "write_path": b_med, "plain_copy": c_med},
                 "cpu_us_per_record": {"consume_only": cpu_a, "write_path": cpu_b}, "cpu_bound": bound,
                 "end_to_end": {k: {"rate": e_best[k], "median": e_med[k],
+                                   "cpu_us_per_record": [r["cpu_us"] for r in e2e[k]],
                                    "peak_rss_bytes": max(r["rss"] for r in e2e[k])} for k in e2e},
             }, option=orjson.OPT_INDENT_2))
     finally:
