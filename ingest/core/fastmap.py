@@ -7,7 +7,9 @@ source code equivalent to the loop for the *successful* case only, with:
 
 * one-key paths (``$.a``) read inline as ``doc.get('a')``;
 * the commonest values checked inline: an ``int`` already in its column's range,
-  a ``str`` going to a text column (no NUL for PostgreSQL);
+  a ``str`` going to a text column (no NUL for PostgreSQL), a finite ``float``
+  going to a ``numeric`` column, epoch milliseconds (``int``) going to a
+  timestamp column;
 * every other value handed to the column's own coercer (the same function the
   generic loop calls).
 
@@ -27,6 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -44,7 +48,10 @@ class FastColumn:
 
     ``getter``: the generic ``getter(record, doc)``; ``doc_key`` when the source is
     a one-key path read from a dict document (then ``doc.get(doc_key)`` is inlined).
-    ``inline``: ``("int", lo, hi)``, ``("text", forbid_nul)`` or ``None`` (always call ``coerce``).
+    ``inline``: ``("int", lo, hi)``, ``("text", forbid_nul)``, ``("decimal",)`` (a finite float becomes
+    ``Decimal(repr(v))``), ``("epoch_ms", epoch, lo, hi)`` (an int in ``[lo, hi]`` becomes
+    ``epoch + timedelta(milliseconds=v)``) or ``None`` (always call ``coerce``). Each inline branch
+    must compute exactly what ``coerce`` returns for the values it accepts.
     ``default``: the value for a missing optional column (shared object, as in the generic loop).
     """
 
@@ -61,7 +68,8 @@ def compile_fast_map(columns: Sequence[FastColumn], *, needs_json: bool, needs_o
                      render_key: Callable[[Any], bytes | None]) -> FastMap:
     """Return ``fast(record) -> (row, ordering_key)`` (see the module contract)."""
     env: dict[str, Any] = {"_loads": orjson.loads, "_Fallback": _Fallback, "_render_key": render_key,
-                           "_dict": dict, "_int": int, "_str": str}
+                           "_dict": dict, "_int": int, "_str": str, "_float": float, "_repr": repr,
+                           "_Decimal": Decimal, "_timedelta": timedelta}
     lines = ["def fast(record):", "    value = record.value", "    if value is None:", "        raise _Fallback"]
     if needs_json:
         lines.append("    doc = _loads(value)")
@@ -95,6 +103,14 @@ def compile_fast_map(columns: Sequence[FastColumn], *, needs_json: bool, needs_o
             cond = f"type({v}) is _str" + (f" and '\\x00' not in {v}" if forbid_nul else "")
             lines.append(f"    elif {cond}:")
             lines.append(f"        {c} = {v}")
+        elif kind == "decimal":  # finite: v - v is 0.0 (inf - inf and nan are nan)
+            lines.append(f"    elif type({v}) is _float and {v} - {v} == 0.0:")
+            lines.append(f"        {c} = _Decimal(_repr({v}))")
+        elif kind == "epoch_ms":
+            _, epoch, lo, hi = col.inline  # type: ignore[misc]
+            env[f"epoch{i}"] = epoch
+            lines.append(f"    elif type({v}) is _int and {lo!r} <= {v} <= {hi!r}:")
+            lines.append(f"        {c} = epoch{i} + _timedelta(0, 0, 0, {v})")
         lines.append("    else:")
         lines.append(f"        {c} = coerce{i}({v})")
     if key_getter is None:

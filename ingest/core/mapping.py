@@ -263,7 +263,7 @@ def _parse_datetime(v: str) -> datetime:
 
 def _from_epoch_ms(v: int | float, epoch: datetime) -> datetime:
     try:
-        return epoch + timedelta(milliseconds=v)
+        return epoch + timedelta(0, 0, 0, v)  # milliseconds=v, passed by position: ~30 % cheaper
     except (OverflowError, ValueError):
         raise _Bad("invalid_value", f"{_show(v)} epoch milliseconds is out of the supported range") from None
 
@@ -538,12 +538,27 @@ def _ch_coercer(t: ChType) -> Coercer:
     return simple[kind]
 
 
+#: Epoch milliseconds whose datetime is in range (0001-01-01 .. 9999-12-31): ``_from_epoch_ms`` cannot fail.
+_EPOCH_MS_MIN = (datetime.min - _EPOCH_NAIVE) // timedelta(milliseconds=1)
+_EPOCH_MS_MAX = (datetime.max - _EPOCH_NAIVE) // timedelta(milliseconds=1)
+
+
 def _pg_inline(base: str) -> tuple[Any, ...] | None:
-    """The fast path's inline check for a PostgreSQL column (see ingest.core.fastmap)."""
+    """The fast path's inline check for a PostgreSQL column (see ingest.core.fastmap).
+
+    Each matches its coercer for the values it accepts: ``_numeric`` for a finite
+    float, ``_timestamptz`` / ``_timestamp`` for in-range epoch milliseconds.
+    """
     if base in _INT_RANGES:
         return ("int", *_INT_RANGES[base])
     if base in ("text", "varchar"):
         return ("text", True)
+    if base == "numeric":
+        return ("decimal",)
+    if base == "timestamptz":
+        return ("epoch_ms", _EPOCH_AWARE, _EPOCH_MS_MIN, _EPOCH_MS_MAX)
+    if base == "timestamp":
+        return ("epoch_ms", _EPOCH_NAIVE, _EPOCH_MS_MIN, _EPOCH_MS_MAX)
     return None
 
 

@@ -761,3 +761,37 @@ def test_fast_path_source_names_are_data_not_code() -> None:
     nasty = "a' + exit(3) + '\\\n\"#"
     mapper = Mapper({"c": ColumnSpec(type="text", source=f"$.{nasty}")})
     assert mapper.map(rec(raw=orjson.dumps({nasty: "ok"})))[0] == ("ok",)
+
+
+_MS_MIN = (datetime.min - datetime(1970, 1, 1)) // timedelta(milliseconds=1)
+_MS_MAX = (datetime.max - datetime(1970, 1, 1)) // timedelta(milliseconds=1)
+
+
+@pytest.mark.parametrize("raw", [
+    b"1.25", b"-0.0", b"0.1", b"1e300", b"-1.7976931348623157e308", b"5e-324", b"12", b"-18446744073709551616",
+    b"18446744073709551616", b"true", b'"1.5"', b"null", b"[1.5]",
+])
+def test_fast_path_numeric_agrees(raw: bytes) -> None:
+    """The inline finite-float branch gives what _numeric gives; everything else reaches the coercer."""
+    for required in (True, False):
+        mapper = Mapper({"n": ColumnSpec(type="numeric(12,2)", required=required)})
+        assert_fast_path_agrees(mapper, rec(raw=b'{"n": ' + raw + b"}"))
+
+
+@pytest.mark.parametrize("value", [
+    0, -1, 1764460800123, _MS_MIN, _MS_MAX, _MS_MIN - 1, _MS_MAX + 1, 2**63, 1.5, True, "2025-11-30T00:00:00Z",
+])
+def test_fast_path_epoch_ms_agrees(value: Any) -> None:
+    """The inline epoch-milliseconds branch matches the coercers, at the datetime range's edges too."""
+    for type_ in ("timestamptz", "timestamp"):
+        mapper = Mapper({"t": ColumnSpec(type=type_)})
+        assert_fast_path_agrees(mapper, rec({"t": value}))
+
+
+def test_fast_path_takes_the_inline_numeric_and_epoch_branches() -> None:
+    """A float amount and an epoch-ms timestamp are mapped by the compiled function itself, not the fallback."""
+    mapper = Mapper({"a": ColumnSpec(type="numeric"), "t": ColumnSpec(type="timestamptz"),
+                     "u": ColumnSpec(type="timestamp")})
+    row, _ = mapper._fast(rec({"a": 12.34, "t": 1764460800123, "u": -1}))
+    assert row == (Decimal("12.34"), datetime(2025, 11, 30, 0, 0, 0, 123000, tzinfo=timezone.utc),
+                   datetime(1969, 12, 31, 23, 59, 59, 999000))
