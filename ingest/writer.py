@@ -167,7 +167,7 @@ class BatchWriter:
         started = time.perf_counter()
         result = Completion(lane=lane, reason=reason, records=len(items))
         result.size_bytes = sum(map(_size_of, items))
-        result.min_timestamp_ms = min(filter(_is_not_none, map(_timestamp_of, items)), default=None)
+        result.min_timestamp_ms = min([t for t in map(_timestamp_of, items) if t is not None], default=None)
         retries = [0]
         try:
             grant = slot or _no_slot
@@ -257,10 +257,6 @@ _size_of = operator.attrgetter("size_bytes")
 _timestamp_of = operator.attrgetter("record.timestamp_ms")
 _run_of = operator.attrgetter("record.topic", "record.partition", "epoch")
 _offset_of = operator.attrgetter("record.offset")
-
-
-def _is_not_none(value: Any) -> bool:
-    return value is not None
 
 
 def _collect_done(items: Sequence[Item], done: dict[tuple[Partition, int], list[int]]) -> None:
