@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import bisect
 import os
+import resource
+import subprocess
 import threading
 import time
 import uuid
@@ -63,6 +65,20 @@ def produce(bootstrap: str, topic: str, n: int, value: Callable[[int, int], byte
     keys = max(1, n // 3)
     send_all(bootstrap, ((topic, str(k).encode(), value(i, k)) for i, k in ((i, (i * 7919) % keys)
                                                                             for i in range(n))))
+
+
+def children_cpu_s() -> float:
+    """CPU-seconds (user + sys) of every child process this one has waited for, and their waited-for children."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_measured(cmd: list[str], **kwargs: Any) -> float:
+    """Run ``cmd`` to completion (``check=True``); return the CPU-seconds it used, its children included
+    (``ingest run --processes`` waits for its workers, so theirs count too)."""
+    before = children_cpu_s()
+    subprocess.run(cmd, check=True, **kwargs)
+    return children_cpu_s() - before
 
 
 def machine_busy_s() -> float:

@@ -13,7 +13,9 @@ same records:
   (c) plain COPY       -- the decoded rows COPY'd into a table without keys
   (d) naive consumer   -- one INSERT .. ON CONFLICT + one commit + one offset commit per record
   (e) end to end       -- ``ingest run`` as a subprocess (first record → last batch handled),
-                          and its peak RSS
+                          its peak RSS, and ingest's own CPU per record: user + sys of its
+                          processes, less an ``ingest run`` of the same configuration on an
+                          empty topic (start-up, group join, idle wait)
 
 (e) runs with 1 and 4 lanes in one process, and with ``--processes 2`` and 1 or 2 lanes each.
 (a), (b), (c) and every (e) are measured ``--rounds`` times, interleaved (one round measures
@@ -54,7 +56,7 @@ from ingest.types import Record  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    CONSUMER, PARTITIONS, BusySampler, Window, consume_all, cpu_cap, create_topic, produce,
+    CONSUMER, PARTITIONS, BusySampler, Window, consume_all, cpu_cap, create_topic, produce, run_measured,
 )
 
 BATCH_ROWS = 5000
@@ -130,10 +132,8 @@ def naive(bootstrap: str, topic: str, dsn: str, mapper: Mapper, n: int) -> float
     return elapsed
 
 
-def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int = 1) -> dict:
-    table = f"bench_e2e_{lanes}_{processes}"
-    make_table(dsn, table, keyed=True)
-    cfg = {
+def e2e_config(bootstrap: str, topic: str, dsn: str, table: str, lanes: int) -> dict:
+    return {
         "kafka": {"bootstrap_servers": bootstrap, "client": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}},
         "pipelines": [{
             "name": "bench", "topics": [topic], "group_id": f"bench-e2e-{uuid.uuid4().hex}",
@@ -142,6 +142,32 @@ def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int 
             "dlq": {"kind": "postgres", "table": "bench_dlq"},
         }],
     }
+
+
+def run_command(path: Path, processes: int, summary: Path | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "ingest", "run", "-c", str(path), "--until-idle", "3",
+           "--processes", str(processes), "--metrics-port", "0", "--log-level", "warning"]
+    return cmd + (["--summary-json", str(summary)] if summary is not None else [])
+
+
+def idle_cpu_s(bootstrap: str, dsn: str, lanes: int, processes: int) -> float:
+    """CPU-seconds of ``ingest run`` (its own processes only) on an empty topic: start-up, group join
+    and the idle wait, which the end-to-end runs also pay; subtracted to give ingest's CPU per record."""
+    topic = f"bench-idle-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic)
+    table = f"bench_idle_{lanes}_{processes}"
+    make_table(dsn, table, keyed=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "idle.yaml"
+        path.write_text(yaml.safe_dump(e2e_config(bootstrap, topic, dsn, table, lanes)))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        return run_measured(run_command(path, processes), env=env)
+
+
+def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int = 1) -> dict:
+    table = f"bench_e2e_{lanes}_{processes}"
+    make_table(dsn, table, keyed=True)
+    cfg = e2e_config(bootstrap, topic, dsn, table, lanes)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -150,9 +176,7 @@ def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int 
         subprocess.run([sys.executable, "-m", "ingest", "migrate", "-c", str(path)], check=True, env=env,
                        stdout=subprocess.DEVNULL)
         with BusySampler() as busy:
-            subprocess.run([sys.executable, "-m", "ingest", "run", "-c", str(path), "--until-idle", "3",
-                            "--processes", str(processes), "--metrics-port", "0",
-                            "--log-level", "warning", "--summary-json", str(summary)], check=True, env=env)
+            process_cpu_s = run_measured(run_command(path, processes, summary), env=env)
         data = orjson.loads(summary.read_bytes())
     stats = data["pipelines"]["bench"]
     # The machine's busy CPU inside the window: what end to end costs per record, every process counted.
@@ -164,6 +188,7 @@ def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int 
     starts = [p["summary"]["pipelines"]["bench"]["busy_window_s"][0] for p in data.get("processes", [])
               if p.get("summary") and p["summary"]["pipelines"]["bench"].get("busy_window_s", [None])[0] is not None]
     return {"rate": rate, "rss": data.get("peak_rss_bytes", 0), "rows": stats["rows_written"], "cpu_us": cpu_us,
+            "process_cpu_s": process_cpu_s,
             "consumed": stats["records_consumed"], "stagger_s": max(starts) - min(starts) if len(starts) > 1 else None}
 
 
@@ -223,6 +248,7 @@ def main() -> None:
             print(f"round {rnd + 1}/{args.rounds}: a {rates['a'][-1]:,.0f}  b {rates['b'][-1]:,.0f}  "
                   + "  ".join(f"e[{k}] {v[-1]['rate']:,.0f}" for k, v in e2e.items()), flush=True)
         d = args.naive_records / naive(bootstrap, topic, dsn, mapper, args.naive_records)
+        idle = {label: idle_cpu_s(bootstrap, dsn, lanes, processes) for label, lanes, processes in configs}
 
         (a, a_med), (b, b_med), (c, c_med) = (best_and_median(rates[k]) for k in "abc")
         print(f"\nrecords: {n} over {PARTITIONS} partitions, {n // 3} keys, batch {BATCH_ROWS} rows; "
@@ -246,6 +272,10 @@ def main() -> None:
             cpus = [r["cpu_us"] for r in runs if r.get("cpu_us")]
             if cpus:
                 extra += f", machine CPU {statistics.median(cpus):.1f} us/record"
+            own = [(r["process_cpu_s"] - idle[label]) / n * 1e6 for r in runs]
+            for r, us in zip(runs, own):
+                r["ingest_cpu_us"] = us
+            extra += f", ingest's own CPU {statistics.median(own):.2f} us/record (median; idle run {idle[label]:.2f} s)"
             print(f"{'(e) ingest run, ' + label:<44}{e_best[label]:>12,.0f}{e_med[label]:>12,.0f}{extra}")
         best = max(e_best.values())
         median_best = max(e_med.values())
@@ -275,6 +305,8 @@ def main() -> None:
                 "cpu_us_per_record": {"consume_only": cpu_a, "write_path": cpu_b}, "cpu_bound": bound,
                 "end_to_end": {k: {"rate": e_best[k], "median": e_med[k],
                                    "cpu_us_per_record": [r["cpu_us"] for r in e2e[k]],
+                                   "ingest_cpu_us_per_record": [r["ingest_cpu_us"] for r in e2e[k]],
+                                   "idle_cpu_s": idle[k],
                                    "peak_rss_bytes": max(r["rss"] for r in e2e[k])} for k in e2e},
             }, option=orjson.OPT_INDENT_2))
     finally:
