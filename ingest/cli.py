@@ -182,7 +182,7 @@ def _build_schedulers(settings: Settings, pipelines: list[PipelineSettings], met
 def _build_pipeline(settings: Settings, p: PipelineSettings, stop: threading.Event, abort: threading.Event,
                     until_idle: float | None, metrics: Any = None,
                     schedulers: dict[str, Any] | None = None) -> tuple[Any, list[Any]]:
-    from ingest.runner import Pipeline
+    from ingest.runner import Pipeline, RunOptions
     from ingest.sources.kafka import KafkaSource
     from ingest.writer import BatchWriter
 
@@ -206,10 +206,11 @@ def _build_pipeline(settings: Settings, p: PipelineSettings, stop: threading.Eve
                          conflict_key_index=key_index, abort=abort, exactly_once=exactly_once,
                          keep_first=isinstance(p.sink, PostgresSink) and p.sink.on_conflict == "nothing")
     source_factory = functools.partial(KafkaSource, settings.kafka, p.effective_group_id, list(p.topics))
+    options = RunOptions(consume_batch_size=settings.kafka.consume_batch_size,
+                         poll_timeout_ms=settings.kafka.poll_timeout_ms, until_idle_s=until_idle)
     pipeline = Pipeline(
-        p, source_factory=source_factory, writer=writer, stop=stop, abort=abort,
-        consume_batch_size=settings.kafka.consume_batch_size, poll_timeout_ms=settings.kafka.poll_timeout_ms,
-        until_idle_s=until_idle, metrics=metrics.pipeline(p.name) if metrics is not None else None,
+        p, source_factory=source_factory, writer=writer, stop=stop, abort=abort, options=options,
+        metrics=metrics.pipeline(p.name) if metrics is not None else None,
         offset_store=offset_store, scheduler=(schedulers or {}).get(_sink_identity(p)),
     )
     return pipeline, [sink, dlq] + ([offset_store] if offset_store is not None else [])

@@ -161,6 +161,22 @@ class StoredOffsets:
         self._run(upsert)
 
 
+def split_fresh(items: Sequence[Item], stored: dict[Partition, int]) -> tuple[list[Item], dict[Partition, int]]:
+    """Steps 2 and 5's input, pure: the records of a lane batch not written yet, and the new next offsets.
+
+    ``stored``: the lane's stored next offset per partition (missing: 0). Returns
+    ``(fresh, high)``: the records at or above their partition's stored offset, in batch order,
+    and one past the highest offset of each partition in the batch.
+    """
+    high: dict[Partition, int] = {}
+    for item in items:
+        tp = item.record.tp
+        if item.record.offset + 1 > high.get(tp, -1):
+            high[tp] = item.record.offset + 1
+    fresh = [it for it in items if it.record.offset >= stored.get(it.record.tp, 0)]
+    return fresh, high
+
+
 def write_batch_exactly_once(
     conn: psycopg.Connection[Any],
     *,
@@ -179,13 +195,8 @@ def write_batch_exactly_once(
     already written). Raises TransientError / PermanentError from the database;
     the caller's transaction then rolls back whole.
     """
-    high: dict[Partition, int] = {}
-    for item in items:
-        tp = item.record.tp
-        if item.record.offset + 1 > high.get(tp, -1):
-            high[tp] = item.record.offset + 1
-    stored = lane_offsets.lock(conn, lane, sorted(high))
-    fresh = [it for it in items if it.record.offset >= stored.get(it.record.tp, 0)]
+    stored = lane_offsets.lock(conn, lane, sorted({it.record.tp for it in items}))
+    fresh, high = split_fresh(items, stored)
     failures, groups = plan(fresh)
     calls = [0]
 

@@ -392,7 +392,7 @@ def supervise(
 
 
 def _add(into: dict[str, Any], other: Mapping[str, Any]) -> None:
-    """Sum numbers and merge nested dicts; other values: the last one.
+    """Sum numbers, merge nested dicts, concatenate lists; other values: the last one.
 
     ``busy_window_s`` (first record, last batch on the system-wide monotonic clock)
     merges into the earliest start and the latest end, and ``busy_s`` becomes
@@ -408,7 +408,9 @@ def _add(into: dict[str, Any], other: Mapping[str, Any]) -> None:
             continue
         if k == "busy_s" and into.get("busy_window_s") is not None:
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, float, dict)):
+        if isinstance(v, list):
+            into[k] = [*(cur if isinstance(cur, list) else []), *v]
+        elif isinstance(v, bool) or not isinstance(v, (int, float, dict)):
             into[k] = v
         elif isinstance(v, dict):
             if not isinstance(cur, dict):

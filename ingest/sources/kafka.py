@@ -18,20 +18,17 @@ Rebalance callbacks run inside :meth:`KafkaSource.poll` on the calling thread.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 
 from ingest.config import KafkaSettings
 from ingest.errors import ServiceUnreachable, TransientError
+from ingest.sources.base import Backlog, RebalanceListener
 from ingest.types import Partition, Record
 
 log = logging.getLogger(__name__)
-
-PartitionsCallback = Callable[[list[Partition]], None]
-#: Called on assignment with the partitions; may return {partition: offset} to seek to.
-AssignCallback = Callable[[list[Partition]], dict[Partition, int] | None]
 
 _SAFETY = {"enable.auto.commit": False, "enable.auto.offset.store": False, "enable.partition.eof": False}
 _DEFAULTS: dict[str, Any] = {
@@ -57,21 +54,14 @@ def _tp(p: TopicPartition) -> Partition:
 
 
 class KafkaSource:
-    """A subscribed consumer. ``on_assign`` / ``on_revoke`` / ``on_lost`` run inside ``poll``."""
+    """A subscribed consumer (the :class:`~ingest.sources.base.Source` protocol); the listener's
+    callbacks run inside ``poll``."""
 
-    def __init__(
-        self,
-        kafka: KafkaSettings,
-        group_id: str,
-        topics: list[str],
-        *,
-        on_assign: AssignCallback,
-        on_revoke: PartitionsCallback,
-        on_lost: PartitionsCallback,
-    ) -> None:
-        self._on_assign = on_assign
-        self._on_revoke = on_revoke
-        self._on_lost = on_lost
+    def __init__(self, kafka: KafkaSettings, group_id: str, topics: list[str], listener: RebalanceListener) -> None:
+        self._listener = listener
+        self._kafka = kafka
+        self._group_id = group_id
+        self._topics = list(topics)
         self._consumer = Consumer(consumer_config(kafka, group_id), logger=log)
         self._cooperative = "cooperative" in str(kafka.client.get("partition.assignment.strategy", ""))
         self._consumer.subscribe(
@@ -81,7 +71,7 @@ class KafkaSource:
 
     # -- rebalance -------------------------------------------------------------
     def _assign_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        seek_to = self._on_assign([_tp(p) for p in partitions]) or {}
+        seek_to = self._listener.on_assign([_tp(p) for p in partitions]) or {}
         if seek_to:
             for p in partitions:
                 target = seek_to.get(_tp(p))
@@ -93,10 +83,10 @@ class KafkaSource:
                 consumer.assign(partitions)
 
     def _revoke_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._on_revoke([_tp(p) for p in partitions])
+        self._listener.on_revoke([_tp(p) for p in partitions])
 
     def _lost_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._on_lost([_tp(p) for p in partitions])
+        self._listener.on_lost([_tp(p) for p in partitions])
 
     # -- consuming -------------------------------------------------------------
     def poll(self, max_records: int, timeout_s: float) -> list[Record]:
@@ -173,6 +163,59 @@ class KafkaSource:
         for tp in result or []:
             if tp.error is not None:
                 raise TransientError(f"offset commit failed for {_tp(tp)}: {tp.error.str()}", error_class="commit")
+
+    def position(self, partitions: Iterable[Partition]) -> dict[Partition, int]:
+        """librdkafka's position: one past the last record handed to us, and past any transaction
+        marker or aborted record it skipped after it. Local, no broker round trip."""
+        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        if not tps:
+            return {}
+        try:
+            result = self._consumer.position(tps)
+        except KafkaException as exc:
+            log.debug("no positions: %s", exc)
+            return {}
+        return {_tp(tp): tp.offset for tp in result if tp.error is None and tp.offset >= 0}
+
+    def backlog(self, timeout_s: float) -> list[Backlog]:
+        """Partitions of the subscribed topics with records at or after the group's committed offset.
+
+        The committed offsets come from the group coordinator (any member's partitions); whether
+        records lie beyond them is read with a probe (:mod:`ingest.sources.kafka_probe`), not judged
+        from the reported high watermark alone. Raises TransientError when the broker cannot tell.
+        """
+        from ingest.sources.kafka_probe import new_probe, read_heads
+
+        try:
+            metadata = self._consumer.list_topics(timeout=timeout_s)
+            tps: list[TopicPartition] = []
+            for topic in self._topics:
+                info = metadata.topics.get(topic)
+                if info is None or info.error is not None:
+                    raise TransientError(f"no metadata for topic {topic!r}", error_class="metadata")
+                tps += [TopicPartition(topic, p) for p in sorted(info.partitions)]
+            committed = {_tp(tp): (tp.offset if tp.offset >= 0 else None)
+                         for tp in self._consumer.committed(tps, timeout=timeout_s)}
+            starts: dict[Partition, int] = {}
+            highs: dict[Partition, int] = {}
+            for tp, offset in committed.items():
+                low, high = self._consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition),
+                                                                 timeout=timeout_s, cached=False)
+                starts[tp] = offset if offset is not None and offset >= low else low
+                highs[tp] = high
+        except KafkaException as exc:
+            raise TransientError(f"cannot read the group's offsets: {exc.args[0].str()}", error_class="backlog") from None
+        probe = new_probe(self._kafka, "drain", logger=log)
+        try:
+            heads = read_heads(probe, starts, timeout_s)
+        finally:
+            probe.close()
+        unknown = sorted(set(starts) - set(heads))
+        if unknown:
+            raise TransientError(f"no answer in {timeout_s} s for {', '.join(map(str, unknown))}",
+                                 error_class="backlog")
+        return [Backlog(tp, committed[tp], max(highs[tp], head.offset + 1) - starts[tp])
+                for tp, head in sorted(heads.items()) if not head.at_end]
 
     def committed(self, partitions: Iterable[Partition], timeout_s: float = 10.0) -> dict[Partition, int | None]:
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]

@@ -14,16 +14,32 @@ from ingest.types import Partition
 TEST_CLIENT = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 
 
+class Assigned:
+    """A rebalance listener that remembers what was assigned."""
+
+    def __init__(self) -> None:
+        self.partitions: list[Partition] = []
+
+    def on_assign(self, partitions: list[Partition]) -> None:
+        self.partitions.extend(partitions)
+
+    def on_revoke(self, partitions: list[Partition]) -> None:
+        pass
+
+    def on_lost(self, partitions: list[Partition]) -> None:
+        pass
+
+
 def test_pause_resume_cycles_deliver_every_offset_once_in_order(kafka_bootstrap, new_topic, group_id) -> None:
     """resume() seeks to the consumer's own position to restart fetching at once; that seek must
     neither skip nor repeat a record, whatever was prefetched and dropped by the pause."""
     topic = new_topic(3)
     n = 6000
     produce(kafka_bootstrap, topic, [(f"k{i}".encode(), f'{{"i": {i}}}'.encode()) for i in range(n)])
-    assigned: list[Partition] = []
+    listener = Assigned()
+    assigned = listener.partitions
     source = KafkaSource(KafkaSettings(bootstrap_servers=kafka_bootstrap, client=TEST_CLIENT), group_id, [topic],
-                         on_assign=lambda parts: assigned.extend(parts) or None,
-                         on_revoke=lambda parts: None, on_lost=lambda parts: None)
+                         listener)
     seen: dict[int, list[int]] = defaultdict(list)
     cycles = 0
     deadline = time.monotonic() + 90

@@ -1,0 +1,519 @@
+"""The pipeline loop: consume → map → route to lanes → write → commit watermarks.
+
+Threads and ownership
+---------------------
+One *pipeline thread* owns the source, the mapper, the per-lane ring batchers
+and the offset tracker; nothing else touches them, so none of them needs a
+lock. Each of the pipeline's ``lanes`` writes its batches strictly in order
+(:mod:`ingest.runner.lanes`; one key always hashes to the same lane, so one key
+is always written in order) and reports a :class:`~ingest.writer.Completion`.
+
+Ordering that must hold (and does, by construction)
+---------------------------------------------------
+``track(offset)`` when consumed → batch written (transient errors retried) →
+poison rows durably in the DLQ → completion → ``done(offset)`` → the commit of
+the contiguous watermark, on a timer (``commit_interval_ms``), synchronously,
+from the pipeline thread (:mod:`ingest.runner.commits`). An offset is never
+committed before every record below it is in the sink or the DLQ.
+
+Backpressure
+------------
+Records between ``track`` and ``done`` are *in flight*. When more than
+``max_buffered_records`` / ``max_buffered_bytes`` are in flight the consumer
+pauses every assigned partition and keeps polling (so it stays in its group);
+it resumes below 80 % of both bounds. Memory is bounded by those limits plus
+one ``poll`` batch and the client's prefetch.
+
+Rebalance
+---------
+On revoke: every batcher is flushed, the pipeline waits (bounded by
+``shutdown_timeout_s``) until the revoked partitions have nothing in flight,
+commits their watermarks synchronously, then drops their tracker state. On
+lost: the partitions' tracker state is dropped at once (another member may own
+them). On assign: a fresh tracker epoch per partition; completions stamped with
+an older epoch are ignored.
+
+Shutdown
+--------
+``stop`` (first SIGTERM/SIGINT): stop fetching, flush every batcher, wait for
+the lanes (bounded by ``shutdown_timeout_s``), final synchronous commit, close
+the source. ``abort`` (second signal, or the timeout): stop waiting, commit
+only what is already done, close.
+
+Stepping
+--------
+:meth:`Pipeline.run` is ``start()``, ``step()`` until it returns False, then
+``finish()``. Tests drive the same three with a scripted source
+(:mod:`ingest.sources.memory`), a deterministic lane pool and a fake clock.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ingest.config import PipelineSettings
+from ingest.core.batcher import FlushReason, RingBatcher
+from ingest.core.dlq_guard import DlqGuard
+from ingest.core.hotkeys import LaneLoad
+from ingest.core.mapping import Mapper
+from ingest.core.offsets import OffsetTracker
+from ingest.core.routing import LaneRouter
+from ingest.errors import FatalPipelineError, InvalidRecord, TransientError
+from ingest.metrics import Metrics, PipelineMetrics
+from ingest.retry import retrying
+from ingest.runner.commits import Committer, OffsetStore
+from ingest.runner.lanes import LanePool, ThreadedLanes
+from ingest.runner.observe import Observer
+from ingest.runner.stats import PipelineStats
+from ingest.scheduler import WriteScheduler
+from ingest.sources.base import Source, SourceFactory
+from ingest.types import Failure, Item, Partition, Record
+from ingest.writer import BatchWriter, Completion
+
+log = logging.getLogger(__name__)
+
+_RESUME_FRACTION = 0.8
+#: One record in this many feeds the hot-key sketch: shares stay unbiased, the cost per record drops 16×.
+HOT_KEY_SAMPLE = 16
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """How the loop polls and when it ends (from the CLI and the ``kafka`` section)."""
+
+    consume_batch_size: int = 5000
+    poll_timeout_ms: int = 100
+    #: ``--until-idle``: finish once the group drained the topics and nothing arrived for this long
+    until_idle_s: float | None = None
+
+
+class Pipeline:
+    """Runs one pipeline until stopped. Built by the composition root (``ingest.cli``)."""
+
+    def __init__(
+        self,
+        settings: PipelineSettings,
+        *,
+        source_factory: SourceFactory,
+        writer: BatchWriter,
+        stop: threading.Event,
+        abort: threading.Event,
+        options: RunOptions = RunOptions(),
+        lanes: LanePool | None = None,
+        metrics: PipelineMetrics | None = None,
+        offset_store: OffsetStore | None = None,
+        scheduler: WriteScheduler | None = None,
+        on_progress: Callable[[PipelineStats], None] | None = None,
+        clock: Callable[[], int] = monotonic_ms,
+    ) -> None:
+        self.settings = settings
+        self.stats = PipelineStats()
+        self.metrics = metrics or Metrics().pipeline(settings.name)
+        self._health = self.metrics.health
+        self._source_factory = source_factory
+        self._stop = stop
+        self._abort = abort
+        self._options = options
+        self._on_progress = on_progress
+        self._clock = clock
+        self._poll_timeout_s = options.poll_timeout_ms / 1000
+        self._until_idle_ms = None if options.until_idle_s is None else int(options.until_idle_s * 1000)
+
+        self._mapper = Mapper(settings.sink.columns, settings.key)
+        self._router = LaneRouter(settings.lanes, settings.unkeyed)
+        batch = settings.batch
+        self._batchers: list[RingBatcher[Item]] = [
+            RingBatcher(batch.max_rows, batch.max_bytes, batch.max_latency_ms) for _ in range(settings.lanes)
+        ]
+        self._tracker: OffsetTracker[Partition] = OffsetTracker()
+        self._lanes: LanePool = lanes or ThreadedLanes(settings.name, settings.lanes, writer,
+                                                       scheduler=scheduler, priority=settings.priority)
+        self._guard = DlqGuard(settings.dlq.max_ratio, settings.dlq.max_consecutive, settings.dlq.window)
+        self._committer = Committer(settings.name, self._tracker, self.stats, self.metrics, offset_store)
+        self._exactly_once = offset_store is not None
+        now = clock()
+        self._load = LaneLoad(settings.lanes)
+        self._observer = Observer(settings.name, self.metrics, self._load, hot_key_share=settings.hot_key_share,
+                                  hot_key_interval_s=settings.hot_key_interval_s, now_ms=now)
+
+        self._source: Source | None = None
+        #: per lane, the time (clock ms) its oldest dispatched, unfinished batch began buffering
+        self._dispatched_oldest_ms: list[collections.deque[int]] = [collections.deque() for _ in range(settings.lanes)]
+        self._in_flight_records = 0
+        self._in_flight_bytes = 0
+        #: records in flight per lane (buffered + dispatched), for the hot-lane check
+        self._lane_in_flight = [0] * settings.lanes
+        #: hot-key sketch fed with every HOT_KEY_SAMPLE-th record (unbiased shares, bounded cost)
+        self._rng = random.Random()
+        self._sample_countdown = HOT_KEY_SAMPLE
+        self._paused = False
+        self._paused_since_s = 0.0
+        self._last_commit_ms = 0
+        self._last_activity_ms = 0
+        self._assigned_once = False
+        self._closing = False
+        self._fatal: BaseException | None = None
+
+    @property
+    def last_load_report(self) -> object:
+        """The last hot-key / hot-lane report (see :class:`ingest.core.hotkeys.LoadReport`)."""
+        return self._observer.last_report
+
+    # -- rebalance (the RebalanceListener protocol; called inside source.poll) ---------
+    def on_assign(self, partitions: list[Partition]) -> dict[Partition, int] | None:
+        seek_to: dict[Partition, int] | None = None
+        store = self._committer.offset_store
+        if store is not None:
+            # Exactly-once: the database, not Kafka, says where to resume.
+            for attempt in retrying(self.settings.retry, what="load stored offsets", should_stop=self._abort.is_set):
+                with attempt:
+                    seek_to = store.load(partitions)
+        for tp in partitions:
+            self._tracker.assign(tp)
+        if seek_to:
+            self._committer.seeked(seek_to)
+        self._assigned_once = self._assigned_once or bool(partitions)
+        self._last_activity_ms = self._clock()
+        self._set_assigned()
+        log.info("partitions assigned", extra={"pipeline": self.settings.name, "partitions": [str(p) for p in partitions],
+                                               "seek_to": {str(k): v for k, v in (seek_to or {}).items()}})
+        return seek_to
+
+    def on_revoke(self, partitions: list[Partition]) -> None:
+        log.info("partitions revoked", extra={"pipeline": self.settings.name, "partitions": [str(p) for p in partitions]})
+        assert self._source is not None
+        if not self._closing:
+            self._flush_all(FlushReason.REVOKE)
+            assigned = set(self._tracker.partitions())
+            self._wait_for(lambda: all(self._tracker.in_flight(tp) == 0 for tp in partitions if tp in assigned))
+        self._committer.commit(self._source, only=set(partitions), to_position=False)
+        self._forget(partitions)
+
+    def on_lost(self, partitions: list[Partition]) -> None:
+        log.warning("partitions lost", extra={"pipeline": self.settings.name, "partitions": [str(p) for p in partitions]})
+        self._forget(partitions)
+
+    def _forget(self, partitions: list[Partition]) -> None:
+        for tp in partitions:
+            self._tracker.revoke(tp)
+            self.metrics.drop_lag(tp.topic, tp.partition)
+        self._set_assigned()
+
+    def _set_assigned(self) -> None:
+        self._health.assigned = len(self._tracker.partitions())
+        self.metrics.assigned.set(self._health.assigned)
+
+    # -- the loop --------------------------------------------------------------------
+    def run(self) -> PipelineStats:
+        """Consume until stopped, idle (``until_idle_s``) or failed.
+
+        Raises FatalPipelineError when the pipeline cannot continue (retries
+        exhausted, DLQ guard tripped); offsets of unhandled records are never
+        committed in that case.
+        """
+        self.start()
+        try:
+            while self.step():
+                pass
+        finally:
+            self.finish()
+        return self.stats
+
+    def start(self) -> None:
+        """Start the lanes and build (subscribe) the source."""
+        self._lanes.start()
+        self._source = self._source_factory(self)
+
+    def step(self) -> bool:
+        """One turn of the loop: completions, backpressure, one poll, flush timers, the commit tick.
+
+        Returns False when the loop should end (stopped, idle, or failed).
+        """
+        source = self._source
+        assert source is not None
+        try:
+            if self._stop.is_set() or self._fatal is not None:
+                return False
+            self._health.tick()
+            self._drain_completions()
+            if self._fatal is not None:
+                return False
+            self._apply_backpressure(source)
+            records = source.poll(self._options.consume_batch_size, self._poll_timeout_s)
+            now_ms = self._clock()
+            if records:
+                self._last_activity_ms = now_ms
+                if self.stats.first_record_s is None:
+                    self.stats.first_record_s = time.monotonic()
+                self._accept(records, now_ms)
+            self._flush_due(now_ms)
+            if now_ms - self._last_commit_ms >= self.settings.commit_interval_ms:
+                self._drain_completions()
+                self._committer.commit(source)
+                self._last_commit_ms = now_ms
+                self._observe(now_ms)
+                if self._on_progress is not None:
+                    self._on_progress(self.stats)
+            if self._idle(now_ms):
+                log.info("idle, stopping", extra={"pipeline": self.settings.name})
+                return False
+            return True
+        except TransientError as exc:
+            self._fatal = FatalPipelineError(f"pipeline {self.settings.name!r}: {exc}")
+            return False
+
+    def finish(self) -> PipelineStats:
+        """Shut down (flush, wait, final commit, close the source); raise if the pipeline failed."""
+        self._shutdown()
+        if self._fatal is not None:
+            raise self._fatal if isinstance(self._fatal, FatalPipelineError) else FatalPipelineError(str(self._fatal))
+        return self.stats
+
+    def _accept(self, records: list[Record], now_ms: int) -> None:
+        """Track, map and route one polled chunk. The hot path: keep it lean.
+
+        Offsets are tracked per run of one partition (records arrive in such runs)
+        with one ``track_many`` call, before anything of the run can complete:
+        completions are applied on this thread, after ``_accept`` returns.
+        """
+        tracker = self._tracker
+        map_record = self._mapper.map
+        lane_of = self._router.lane
+        skip_tombstones = self.settings.tombstones == "skip"
+        deterministic = self._exactly_once  # exactly-once needs replay-stable routing
+        spread_unkeyed = self.settings.unkeyed == "round_robin"  # unkeyed records are not one hot key
+        n_lanes = len(self._batchers)
+        # This chunk's items and sizes per lane, handed to the batchers in bulk at the end.
+        lane_items: list[list[Item]] = [[] for _ in range(n_lanes)]
+        lane_sizes: list[list[int]] = [[] for _ in range(n_lanes)]
+        self.stats.records_consumed += len(records)
+        self.metrics.records_consumed.inc(len(records))
+        topic: str | None = None
+        partition = -1
+        tp = Partition("", -1)
+        epoch: int | None = None
+        last_offset = -1
+        run: list[int] = []
+        skipped: list[tuple[Partition, int, int]] = []  # tombstones done at once: (tp, offset, epoch)
+        for rec in records:
+            if rec.partition != partition or rec.topic != topic:  # a new run of one partition
+                if run:
+                    tracker.track_many(tp, run)  # so that last_tracked below sees it
+                    run = []
+                topic, partition = rec.topic, rec.partition
+                tp = Partition(topic, partition)
+                epoch = tracker.epoch(tp)
+                last = tracker.last_tracked(tp)
+                last_offset = -1 if last is None else last
+            if epoch is None:
+                continue  # not assigned any more (revoked during this poll)
+            offset = rec.offset
+            if offset <= last_offset:
+                log.warning("offset went backwards; ignoring redelivery", extra={"partition": str(tp), "offset": offset})
+                continue
+            last_offset = offset
+            run.append(offset)
+            value = rec.value
+            if value is None and skip_tombstones:
+                skipped.append((tp, offset, epoch))
+                continue
+            key_bytes = rec.key
+            size = (len(value) if value is not None else 0) + (len(key_bytes) if key_bytes is not None else 0) + 64
+            try:
+                row, key = map_record(rec)
+                item = Item(rec, row, None, epoch, size)
+            except InvalidRecord as exc:
+                item = Item(rec, None, Failure(exc.stage, exc.error_class, exc.message), epoch, size)
+                key = key_bytes
+            if n_lanes == 1:
+                lane = 0
+            else:
+                lane = lane_of(key) if key is not None or not deterministic else offset % n_lanes
+            lane_items[lane].append(item)
+            lane_sizes[lane].append(size)
+            self._sample_countdown -= 1
+            if self._sample_countdown == 0:
+                # A random gap (mean HOT_KEY_SAMPLE) so periodic key patterns cannot alias with the sampler.
+                self._sample_countdown = self._rng.randint(1, 2 * HOT_KEY_SAMPLE - 1)
+                if key is not None or not spread_unkeyed:
+                    self._load.observe(lane, key, size)
+        if run:
+            tracker.track_many(tp, run)
+        for skipped_tp, offset, skipped_epoch in skipped:
+            tracker.done(skipped_tp, offset, skipped_epoch)
+        self.stats.skipped += len(skipped)
+        for lane, items in enumerate(lane_items):
+            if items:
+                self._buffer(lane, items, lane_sizes[lane], now_ms)
+
+    # -- batches ---------------------------------------------------------------------
+    def _buffer(self, lane: int, items: list[Item], sizes: list[int], now_ms: int) -> None:
+        """Add a chunk's items for one lane to its batcher, dispatching each batch that fills up."""
+        self._lane_in_flight[lane] += len(items)
+        self._in_flight_records += len(items)
+        self._in_flight_bytes += sum(sizes)
+        batcher = self._batchers[lane]
+        pos = 0
+        while pos < len(items):
+            pos, reason = batcher.add_many(items, sizes, now_ms, pos)
+            if reason is not None:
+                self._dispatch(lane, reason)
+
+    def _dispatch(self, lane: int, reason: FlushReason) -> None:
+        batcher = self._batchers[lane]
+        oldest_ms = batcher.oldest_ms
+        items = batcher.drain()
+        if items:
+            self.stats.flushes[reason.value] += 1
+            self.metrics.flushed(reason.value)
+            self._dispatched_oldest_ms[lane].append(oldest_ms if oldest_ms is not None else self._clock())
+            self._lanes.submit(lane, items, reason.value)
+
+    def _flush_due(self, now_ms: int) -> None:
+        for lane, batcher in enumerate(self._batchers):
+            reason = batcher.due(now_ms)
+            if reason is not None:
+                self._dispatch(lane, reason)
+
+    def _flush_all(self, reason: FlushReason) -> None:
+        for lane in range(len(self._batchers)):
+            self._dispatch(lane, reason)
+
+    # -- completions -----------------------------------------------------------------
+    def _drain_completions(self, timeout_s: float | None = None) -> bool:
+        """Apply finished batches to the tracker. Returns True if any arrived."""
+        done = self._lanes.completed(timeout_s)
+        for c in done:
+            self._apply(c)
+        return bool(done)
+
+    def _apply(self, c: Completion) -> None:
+        self._in_flight_records -= c.records
+        self._in_flight_bytes -= c.size_bytes
+        self._lane_in_flight[c.lane] -= c.records
+        if self._dispatched_oldest_ms[c.lane]:
+            self._dispatched_oldest_ms[c.lane].popleft()
+        self._health.sink_ok = c.error is None
+        if c.error is not None:
+            self._lanes.halt()
+            if self._fatal is None:
+                self._fatal = c.error
+            log.error("batch failed", extra={"pipeline": self.settings.name, "lane": c.lane, "error": str(c.error)})
+            return
+        self._count(c)
+        trip = self._guard.observe(c.records, sum(c.dead_lettered.values()))
+        for (tp, epoch), offsets in c.done.items():
+            self._tracker.done_many(tp, offsets, epoch)
+        if trip and self._fatal is None:
+            # The batch itself is handled (in the sink or DLQ) and may be committed; queued ones are dropped.
+            self._lanes.halt()
+            self._fatal = FatalPipelineError(f"pipeline {self.settings.name!r}: DLQ guard tripped: {trip}")
+
+    def _count(self, c: Completion) -> None:
+        """A handled batch's counters, into the run stats and the metrics."""
+        stats = self.stats
+        stats.batches += 1
+        stats.last_done_s = time.monotonic()
+        stats.rows_written += c.rows_written
+        stats.dead_lettered.update(c.dead_lettered)
+        stats.retries += c.retries
+        stats.write_calls += c.write_calls
+        stats.already_written += c.skipped
+        if c.queue_wait_s is not None:
+            stats.queue_waits_s.append(c.queue_wait_s)
+        m = self.metrics
+        m.batch_rows.observe(c.records)
+        m.batch_bytes.observe(c.size_bytes)
+        m.flush_seconds.observe(c.duration_s)
+        m.rows_written.inc(c.rows_written)
+        m.records_done.inc(c.records)
+        m.retries.inc(c.retries)
+        m.write_calls.inc(c.write_calls)
+        for (stage, error_class), n in c.dead_lettered.items():
+            m.dead_lettered(stage, error_class, n)
+        if c.min_timestamp_ms is not None:
+            m.e2e_latency.observe(max(0.0, time.time() - c.min_timestamp_ms / 1000))
+
+    def _wait_for(self, condition: Callable[[], bool]) -> bool:
+        """Apply completions until ``condition`` holds, abort, or shutdown_timeout_s passes."""
+        deadline = time.monotonic() + self.settings.shutdown_timeout_s
+        while not condition():
+            if self._abort.is_set() or time.monotonic() >= deadline:
+                return False
+            self._drain_completions(timeout_s=0.05)
+        return True
+
+    # -- flow control, gauges, idle ------------------------------------------------------
+    def _apply_backpressure(self, source: Source) -> None:
+        s = self.settings
+        over = self._in_flight_records >= s.max_buffered_records or self._in_flight_bytes >= s.max_buffered_bytes
+        if over and not self._paused:
+            self._paused = True
+            self._paused_since_s = time.monotonic()
+            log.info("backpressure: pausing", extra={"pipeline": s.name, "in_flight": self._in_flight_records})
+        if self._paused:
+            # Re-pause every poll: partitions assigned while paused must not start flowing.
+            source.pause(source.assignment())
+            below = (
+                self._in_flight_records < s.max_buffered_records * _RESUME_FRACTION
+                and self._in_flight_bytes < s.max_buffered_bytes * _RESUME_FRACTION
+            )
+            if below:
+                self._paused = False
+                self._last_activity_ms = self._clock()
+                paused_s = time.monotonic() - self._paused_since_s
+                self.stats.paused_s += paused_s
+                self.metrics.paused_seconds.inc(paused_s)
+                source.resume(source.assignment())
+
+    def _observe(self, now_ms: int) -> None:
+        assert self._source is not None
+        oldest: Iterable[int] = [b.oldest_ms for b in self._batchers if b.oldest_ms is not None]
+        oldest = [*oldest, *(d[0] for d in self._dispatched_oldest_ms if d)]
+        self._observer.observe(now_ms, tracker=self._tracker, source=self._source,
+                               in_flight_records=self._in_flight_records, in_flight_bytes=self._in_flight_bytes,
+                               lane_in_flight=self._lane_in_flight, oldest_ms=oldest)
+
+    def _idle(self, now_ms: int) -> bool:
+        if self._until_idle_ms is None or not self._assigned_once:
+            return False
+        if self._paused:
+            return False  # backpressure, not a drained topic
+        if not self._tracker.partitions():
+            # An empty assignment (e.g. a rebalance still settling) is not "drained"; closing now
+            # could also leave this broker's group mid-join.
+            return False
+        if self._in_flight_records > 0:
+            return False
+        return now_ms - self._last_activity_ms >= self._until_idle_ms
+
+    def _shutdown(self) -> None:
+        source = self._source
+        assert source is not None
+        self._closing = True
+        if not self._abort.is_set() and self._fatal is None:
+            self._flush_all(FlushReason.SHUTDOWN)
+            if not self._wait_for(lambda: self._in_flight_records == 0):
+                log.error("shutdown timeout: records still in flight are not committed",
+                          extra={"pipeline": self.settings.name, "in_flight": self._in_flight_records})
+        else:
+            self._lanes.halt()
+            self._drain_completions()
+        self._committer.commit(source)
+        self._lanes.close(None if self._abort.is_set() else self.settings.shutdown_timeout_s)
+        source.close()
+        self._health.running = False
+        self._health.assigned = 0
+        self.stats.finished_s = time.monotonic()
+        if self._paused:
+            self.stats.paused_s += time.monotonic() - self._paused_since_s

@@ -1,0 +1,80 @@
+"""Counters of one pipeline run, owned by the pipeline thread; the run summary and ``--summary-json``."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PipelineStats:
+    """Counters of one pipeline run (owned by the pipeline thread)."""
+
+    records_consumed: int = 0
+    rows_written: int = 0
+    dead_lettered: Counter[tuple[str, str]] = field(default_factory=Counter)
+    skipped: int = 0
+    #: exactly-once: records re-read after a restart that the database already had
+    already_written: int = 0
+    batches: int = 0
+    flushes: Counter[str] = field(default_factory=Counter)
+    retries: int = 0
+    write_calls: int = 0
+    commits: int = 0
+    paused_s: float = 0.0
+    #: seconds each batch waited for a write slot (only with a write scheduler)
+    queue_waits_s: list[float] = field(default_factory=list)
+    started_s: float = field(default_factory=time.monotonic)
+    #: when the first record arrived and when the last batch was handled (throughput window)
+    first_record_s: float | None = None
+    last_done_s: float | None = None
+    finished_s: float | None = None
+    #: --until-idle gave up: the partitions the group had not finished ({topic, partition, committed, behind})
+    undrained: list[dict[str, object]] = field(default_factory=list)
+
+    @property
+    def dead_lettered_total(self) -> int:
+        return sum(self.dead_lettered.values())
+
+    def rate_per_s(self) -> float:
+        """Records per second between the first record and the last handled batch."""
+        if self.first_record_s is None or self.last_done_s is None:
+            return 0.0
+        elapsed = self.last_done_s - self.first_record_s
+        return self.records_consumed / elapsed if elapsed > 0 else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "records_consumed": self.records_consumed,
+            "rows_written": self.rows_written,
+            "dead_lettered": self.dead_lettered_total,
+            "dead_lettered_by_class": {f"{k[0]}/{k[1]}": v for k, v in self.dead_lettered.items()},
+            "skipped": self.skipped,
+            "already_written": self.already_written,
+            "batches": self.batches,
+            "flushes": dict(self.flushes),
+            "retries": self.retries,
+            "write_calls": self.write_calls,
+            "commits": self.commits,
+            "paused_s": round(self.paused_s, 3),
+            "rate_per_s": round(self.rate_per_s(), 1),
+            "queue_wait_s": percentiles(self.queue_waits_s),
+            "busy_s": round((self.last_done_s or 0) - (self.first_record_s or 0), 3),
+            # the same window on the system-wide monotonic clock, so --processes can merge it
+            "busy_window_s": [self.first_record_s, self.last_done_s],
+            "undrained": list(self.undrained),
+        }
+
+
+def percentiles(values: list[float]) -> dict[str, float] | None:
+    """p50 / p95 / p99 / max of a sample (nearest rank), or None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+
+    def rank(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.999999) - 1))], 4)
+
+    return {"p50": rank(0.50), "p95": rank(0.95), "p99": rank(0.99), "max": round(ordered[-1], 4),
+            "count": len(ordered)}

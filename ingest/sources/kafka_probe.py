@@ -1,0 +1,94 @@
+"""Reading the head of partitions without joining a group: what lies at or after an offset.
+
+A *probe* is a confluent-kafka consumer that only ``assign()``\\ s (never
+subscribes or commits), so it never becomes a member of any group -- safe
+beside a running pipeline, and no group-join quirk of a broker applies to it.
+With ``enable.partition.eof`` it learns for each partition either the first
+record at or after a position, or that the position is the log end: exact even
+where a broker reports a high watermark below the true log end (Tansu reports
+the base offset of the last batch + 1).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, TopicPartition
+
+from ingest.config import KafkaSettings
+from ingest.types import Partition
+
+
+def probe_config(kafka: KafkaSettings, purpose: str) -> dict[str, Any]:
+    """librdkafka settings of a probe (contains secrets: never log it)."""
+    from ingest.sources.kafka import consumer_config
+
+    # group.id is mandatory for a librdkafka consumer; a probe only assign()s, never
+    # subscribes or commits, so it never becomes a member of that (throwaway) group.
+    return {
+        **consumer_config(kafka, f"ingest-{purpose}-probe-{uuid.uuid4().hex[:12]}"),
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": True,
+        "fetch.wait.max.ms": 100,
+        # Small fetches: only the first record of each partition is wanted. (Do not
+        # cap queued.min.messages: librdkafka then backs off fetching for 1 s.)
+        "fetch.message.max.bytes": 65536,
+        "fetch.queue.backoff.ms": 20,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """What a probe found at a position: the first record there (``offset``, ``timestamp_ms``), or the
+    log end (``at_end``: nothing at or after the position; ``offset`` is the end)."""
+
+    offset: int
+    at_end: bool
+    timestamp_ms: int | None = None
+
+
+def read_heads(probe: Any, positions: Mapping[Partition, int], timeout_s: float) -> dict[Partition, Head]:
+    """The :class:`Head` of each partition at its position; partitions not answered in time are left out.
+
+    ``probe`` is a consumer built with :func:`probe_config`; it is assigned the positions and
+    unassigned again before returning.
+    """
+    if not positions:
+        return {}
+    probe.assign([TopicPartition(tp.topic, tp.partition, off) for tp, off in positions.items()])
+    out: dict[Partition, Head] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(out) < len(positions):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            answered: list[TopicPartition] = []
+            # consume() waits for all num_messages or the timeout: keep each call short.
+            for msg in probe.consume(1000, min(left, 0.05)):
+                tp = Partition(msg.topic(), msg.partition())
+                if tp not in positions or tp in out:
+                    continue
+                err = msg.error()
+                if err is None:
+                    ts_type, ts = msg.timestamp()
+                    out[tp] = Head(msg.offset(), False, ts if ts_type != TIMESTAMP_NOT_AVAILABLE and ts >= 0 else None)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    out[tp] = Head(msg.offset(), True)
+                else:
+                    continue
+                answered.append(TopicPartition(tp.topic, tp.partition))
+            if answered and len(out) < len(positions):
+                probe.pause(answered)  # stop fetching partitions already answered
+    finally:
+        probe.unassign()
+    return out
+
+
+def new_probe(kafka: KafkaSettings, purpose: str, logger: Any = None) -> Consumer:
+    """A probe consumer; the caller closes it."""
+    return Consumer(probe_config(kafka, purpose), **({"logger": logger} if logger is not None else {}))
