@@ -147,7 +147,7 @@ def write_path(path: Path, items: list[Item], settings: PipelineSettings) -> Win
         for stmt in create_table_sql(settings.sink):
             client.command(stmt)
         writer = BatchWriter(pipeline=settings.name, write=sink.write, dlq=_NoDlq(), retry=RetrySettings(),
-                             conflict_key_index=[0], abort=threading.Event())
+                             collapse_rule=settings.sink.collapse_rule(), abort=threading.Event())
         window = Window()
         window.start()
         for i in range(0, len(items), BATCH_ROWS):

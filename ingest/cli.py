@@ -188,13 +188,6 @@ def _build_pipeline(settings: Settings, p: PipelineSettings, stop: threading.Eve
 
     sink = _build_sink(p, lanes=p.lanes)
     dlq = _build_dlq(settings, p)
-    key_index = None
-    if isinstance(p.sink, PostgresSink) and p.sink.on_conflict != "none":
-        names = list(p.sink.columns)
-        key_index = [names.index(k) for k in p.sink.conflict_key]
-    elif not isinstance(p.sink, PostgresSink):  # ClickHouse: collapse by the ReplacingMergeTree key
-        names = list(p.sink.columns)
-        key_index = [names.index(k) for k in p.sink.order_by]
     exactly_once = None
     offset_store = None
     if isinstance(p.sink, PostgresSink) and p.sink.delivery == "exactly_once":
@@ -203,8 +196,7 @@ def _build_pipeline(settings: Settings, p: PipelineSettings, stop: threading.Eve
         exactly_once = sink.exactly_once_writer(pipeline=p.name, lanes=p.lanes, dlq=dlq)
         offset_store = StoredOffsets(p.sink.dsn.get_secret_value(), p.sink.db_schema, p.name)
     writer = BatchWriter(pipeline=p.name, write=sink.write, dlq=dlq, retry=p.retry,
-                         conflict_key_index=key_index, abort=abort, exactly_once=exactly_once,
-                         keep_first=isinstance(p.sink, PostgresSink) and p.sink.on_conflict == "nothing")
+                         collapse_rule=p.sink.collapse_rule(), abort=abort, exactly_once=exactly_once)
     source_factory = functools.partial(KafkaSource, settings.kafka, p.effective_group_id, list(p.topics))
     options = RunOptions(consume_batch_size=settings.kafka.consume_batch_size,
                          poll_timeout_ms=settings.kafka.poll_timeout_ms, until_idle_s=until_idle)

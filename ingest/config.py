@@ -39,6 +39,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
+from ingest.core.collapse import CollapseRule
 from ingest.errors import ConfigError
 
 #: PostgreSQL column types the mapper can coerce to, by base name. A type may
@@ -328,9 +329,11 @@ class PostgresSink(_SinkBase):
     #: (first write wins); none: plain INSERT (append-only tables, no conflict key).
     on_conflict: Literal["update", "nothing", "none"] = "update"
     #: Optional column whose value must not go backwards: an update only applies
-    #: when ``EXCLUDED.version >= current.version`` (protects against a stale
-    #: writer after a rebalance). Typically a column with ``source: '@offset'``
-    #: or an event timestamp.
+    #: when ``EXCLUDED.version >= current.version``, inside a batch too (the
+    #: record with the highest version wins). Typically an event time, a source
+    #: sequence number, or ``source: '@offset'`` (which orders the records of one
+    #: partition only). Required: a record without a version is poison
+    #: (``missing_field``), unless the column has a ``default``.
     version_column: str | None = None
     #: Connections in the pool (at least one per lane is used).
     pool_size: int = Field(default=0, ge=0, le=256)
@@ -343,6 +346,21 @@ class PostgresSink(_SinkBase):
     delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_required(cls, data: Any) -> Any:
+        """A version column without a default is required: a NULL version could never update its row."""
+        return _require_version(data)
+
+    def collapse_rule(self) -> CollapseRule:
+        """How this table collapses a batch's records of one row (see ingest.core.collapse)."""
+        if self.on_conflict == "none":
+            return CollapseRule(None)
+        names = list(self.columns)
+        return CollapseRule(tuple(names.index(k) for k in self.conflict_key),
+                            "first" if self.on_conflict == "nothing" else "last",
+                            names.index(self.version_column) if self.version_column else None)
 
     @field_validator("columns")
     @classmethod
@@ -483,10 +501,31 @@ class ClickHouseSink(_SinkBase):
             raise ValueError("version_column cannot be part of order_by")
         return self
 
+    def collapse_rule(self) -> CollapseRule:
+        """Rows collapse by the sorting key, the highest version winning (as ReplacingMergeTree keeps it)."""
+        names = list(self.columns)
+        assert self.version_column is not None
+        return CollapseRule(tuple(names.index(k) for k in self.order_by), "last", names.index(self.version_column))
+
     @property
     def ch_types(self) -> dict[str, ChType]:
         """Parsed ClickHouse types by column, in column order."""
         return {name: ch_type(spec.type) for name, spec in self.columns.items()}
+
+
+def _require_version(data: Any) -> Any:
+    """``columns[version_column].required = True`` in raw sink settings, unless the column has a default."""
+    if not isinstance(data, dict):
+        return data
+    version, columns = data.get("version_column"), data.get("columns")
+    if not isinstance(version, str) or not isinstance(columns, dict) or version not in columns:
+        return data
+    spec = columns[version]
+    if isinstance(spec, dict) and spec.get("default") is None and not spec.get("required"):
+        return {**data, "columns": {**columns, version: {**spec, "required": True}}}
+    if isinstance(spec, ColumnSpec) and spec.default is None and not spec.required:
+        return {**data, "columns": {**columns, version: spec.model_copy(update={"required": True})}}
+    return data
 
 
 def _sink_kind(value: Any) -> str | None:

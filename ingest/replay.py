@@ -29,12 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ingest.config import PipelineSettings
+from ingest.core.collapse import collapse
 from ingest.core.isolation import write_groups_isolating
 from ingest.core.mapping import Mapper
 from ingest.dlq.postgres import REPLAYS_HEADER
 from ingest.dlq.store import DlqFilter, DlqRow, DlqStore
 from ingest.errors import InvalidRecord, PermanentError
-from ingest.types import Failure
+from ingest.types import Failure, Item
 
 CHUNK = 500
 
@@ -99,11 +100,7 @@ class Replayer:
         self._rate = RateLimiter(rate_per_s)
         self._on_progress = on_progress
         self._mapper = Mapper(pipeline.sink.columns, pipeline.key)
-        names = list(pipeline.sink.columns)
-        keys = getattr(pipeline.sink, "conflict_key", None) or getattr(pipeline.sink, "order_by", None) or []
-        on_conflict = getattr(pipeline.sink, "on_conflict", "update")
-        self._key_index = [names.index(k) for k in keys] if keys and on_conflict != "none" else None
-        self._keep_first = on_conflict == "nothing"
+        self._rule = pipeline.sink.collapse_rule()
 
     def count(self, f: DlqFilter, limit: int | None) -> tuple[int, int]:
         """(entries that would be replayed, entries over the replay limit) -- for --dry-run and progress."""
@@ -160,32 +157,25 @@ class Replayer:
 
     def _replay_to_sink(self, rows: list[DlqRow], summary: ReplaySummary) -> None:
         failures: list[tuple[int, Failure]] = []
-        groups: dict[Any, list[tuple[DlqRow, tuple[Any, ...]]]] = {}
-        ordered = sorted(rows, key=lambda r: (r.record.topic, r.record.partition, r.record.offset))
-        singles: list[list[tuple[DlqRow, tuple[Any, ...]]]] = []
-        for row in ordered:
+        items: list[Item] = []
+        entry_of: dict[int, DlqRow] = {}  # id(item) -> its DLQ entry
+        for row in sorted(rows, key=lambda r: (r.record.topic, r.record.partition, r.record.offset)):
             try:
                 mapped, _ = self._mapper.map(row.record)
             except InvalidRecord as exc:
                 failures.append((row.id, Failure(exc.stage, exc.error_class, exc.message)))
                 continue
-            if self._key_index is None:
-                singles.append([(row, mapped)])
-            else:
-                groups.setdefault(tuple(mapped[i] for i in self._key_index), []).append((row, mapped))
-        units = singles + list(groups.values())  # each unit: the entries of one key, in offset order
-        # Candidates per unit in order of preference (latest first; first first for on_conflict nothing).
-        # Writing candidate j settles the entries it supersedes; a poison candidate falls back to the next.
-        order = (lambda n: range(n)) if self._keep_first else (lambda n: range(n - 1, -1, -1))
-        candidates = [[(u, j) for j in order(len(unit))] for u, unit in enumerate(units)]
+            item = Item(row.record, mapped, None, 0, 0)
+            entry_of[id(item)] = row
+            items.append(item)
+        # The same collapse rule as `ingest run` (ingest.core.collapse): one candidate per row, in order of
+        # preference; a written candidate settles itself and the candidates after it, a poison one falls back.
+        _, groups = collapse(items, self._rule)
+        settles = {id(c): [entry_of[id(x)].id for x in group[j:]] for group in groups for j, c in enumerate(group)}
 
-        def settled(u: int, j: int) -> list[int]:
-            span = range(j, len(units[u])) if self._keep_first else range(j + 1)
-            return [units[u][k][0].id for k in span]
-
-        def write(piece: Sequence[tuple[int, int]]) -> None:
-            batch_rows = [units[u][j][1] for u, j in piece]
-            ids = [entry_id for u, j in piece for entry_id in settled(u, j)]
+        def write(piece: Sequence[Item]) -> None:
+            batch_rows = [c.row for c in piece]
+            ids = [entry_id for c in piece for entry_id in settles[id(c)]]
             if self._same_db:
                 self._sink.write(batch_rows, tx_hook=lambda conn: self._store.mark_replayed(conn, ids, purge=self._purge))
             else:
@@ -193,9 +183,9 @@ class Replayer:
                 with self._store.connect() as conn:
                     self._store.mark_replayed(conn, ids, purge=self._purge)
 
-        _, poison = write_groups_isolating(candidates, write)
-        for (u, j), exc in poison:
-            failures.append((units[u][j][0].id, Failure("write", exc.error_class, str(exc), exc.sqlstate)))
+        _, poison = write_groups_isolating(groups, write)
+        for item, exc in poison:
+            failures.append((entry_of[id(item)].id, Failure("write", exc.error_class, str(exc), exc.sqlstate)))
         if failures:
             with self._store.connect() as conn:
                 self._store.mark_failed(conn, failures, self._max_replays)

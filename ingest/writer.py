@@ -3,9 +3,9 @@
 For a batch of :class:`~ingest.types.Item`:
 
 1. items that already failed (decode / map) are set aside for the DLQ;
-2. the rest are collapsed by conflict key, the latest consumed record winning
-   (PostgreSQL refuses to update one row twice in one statement, and only the
-   last value matters for an upsert);
+2. the rest are collapsed by the sink's key (:mod:`ingest.core.collapse`: the
+   record the sink would keep wins -- the latest, or the highest version, or the
+   first for ``on_conflict: nothing``);
 3. the rows are written with :func:`ingest.core.isolation.write_isolating`,
    each sink call retried on transient errors with exponential backoff and
    full jitter (tenacity); rows that fail alone become ``write`` failures;
@@ -34,6 +34,7 @@ from typing import Any, ContextManager
 from tenacity import Retrying
 
 from ingest.config import RetrySettings
+from ingest.core.collapse import CollapseRule, collapse
 from ingest.core.isolation import write_groups_isolating
 from ingest.dlq.base import DeadLetterQueue, DlqEntry
 from ingest.errors import FatalPipelineError, PermanentError, TransientError
@@ -97,22 +98,18 @@ class BatchWriter:
         write: WriteFn,
         dlq: DeadLetterQueue,
         retry: RetrySettings,
-        conflict_key_index: Sequence[int] | None,
+        collapse_rule: CollapseRule,
         abort: threading.Event,
         exactly_once: ExactlyOnceFn | None = None,
-        keep_first: bool = False,
     ) -> None:
         self._pipeline = pipeline
         self._write = write
         self._pass_token = _accepts_token(write)
         self._dlq = dlq
         self._retry = retry
-        #: the conflict key of a row (a value for one key column, a tuple for several), None: no key
-        self._key_of = operator.itemgetter(*conflict_key_index) if conflict_key_index else None
+        self._rule = collapse_rule
         self._abort = abort
         self._exactly_once = exactly_once
-        #: on_conflict: nothing -- the first record of a key wins, so it is the one written
-        self._keep_first = keep_first
 
     def _retrying(self, what: str, counter: list[int]) -> Retrying:
         def count() -> None:
@@ -125,36 +122,12 @@ class BatchWriter:
     def plan(self, items: Sequence[Item]) -> tuple[list[DlqEntry], list[list[Item]]]:
         """Split a batch into DLQ entries (pre-failed items) and candidate groups, one group per row to write.
 
-        Records with the same conflict key form one group, ordered by preference:
-        latest consumed first (``on_conflict: update``), or first consumed first
-        (``on_conflict: nothing``). Only a group's first candidate is written; the
+        See :func:`ingest.core.collapse.collapse`: only a group's first candidate is written; the
         next is tried only if it fails alone (see ``write_groups_isolating``).
-        Without a conflict key every record is its own group.
         """
-        failures: list[DlqEntry] = []
-        singles: list[list[Item]] = []
-        groups: dict[Any, list[Item]] = {}
-        key_of = self._key_of
-        for item in items:
-            if item.failure is not None:
-                failures.append(DlqEntry(self._pipeline, item.record, item.failure))
-                continue
-            row = item.row
-            assert row is not None
-            if key_of is None:
-                singles.append([item])
-                continue
-            key = key_of(row)
-            group = groups.get(key)
-            if group is None:
-                groups[key] = [item]
-            else:
-                group.append(item)
-        if key_of is None:
-            return failures, singles
-        if self._keep_first:
-            return failures, list(groups.values())
-        return failures, [group[::-1] if len(group) > 1 else group for group in groups.values()]
+        failed, groups = collapse(items, self._rule)
+        pipeline = self._pipeline
+        return [DlqEntry(pipeline, item.record, item.failure) for item in failed], groups  # type: ignore[arg-type]
 
     def handle(self, lane: int, items: Sequence[Item], reason: str,
                slot: Callable[[], ContextManager[float]] | None = None) -> Completion:

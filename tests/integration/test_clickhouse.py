@@ -105,9 +105,8 @@ class ListDlq:
 
 def writer_for(p: PipelineSettings, write: Callable[..., None], dlq: Any = None,
                retry: RetrySettings = FAST_RETRY) -> BatchWriter:
-    names = list(p.sink.columns)
     return BatchWriter(pipeline=p.name, write=write, dlq=dlq or ListDlq(), retry=retry,
-                       conflict_key_index=[names.index(k) for k in p.sink.order_by], abort=threading.Event())
+                       collapse_rule=p.sink.collapse_rule(), abort=threading.Event())
 
 
 def ok(c: Completion) -> Completion:

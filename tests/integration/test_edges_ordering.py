@@ -150,7 +150,6 @@ def _version_records() -> list[tuple[bytes, bytes]]:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="finding 3: the in-batch collapse ignores version_column")
 def test_version_column_decides_the_in_batch_collapse_postgres(kafka_bootstrap, pg_dsn, new_topic, group_id,
                                                                tmp_path):
     topic = new_topic(partitions=1)
@@ -176,7 +175,6 @@ def test_version_column_decides_the_in_batch_collapse_postgres(kafka_bootstrap, 
     assert [(bytes(k), s, e) for k, s, e in dead] == [(b"2", "map", "missing_field")]
 
 
-@pytest.mark.xfail(strict=True, reason="finding 3: the in-batch collapse ignores version_column")
 def test_version_column_decides_the_in_batch_collapse_clickhouse(kafka_bootstrap, pg_dsn, new_topic, group_id,
                                                                  chdb, tmp_path):
     topic = new_topic(partitions=1)

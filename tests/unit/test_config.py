@@ -514,3 +514,18 @@ def test_config_error_does_not_echo_secret_values(tmp_path: Path) -> None:
     sink(data)["columns"]["status"]["type"] = "money"
     message, _ = error_of(tmp_path, data)
     _assert_no_secret(message, "ConfigError message")
+
+
+def test_version_column_is_required_unless_it_has_a_default() -> None:
+    from ingest.config import PostgresSink
+
+    base = {"table": "t", "conflict_key": ["id"], "version_column": "v"}
+    plain = PostgresSink.model_validate({**base, "columns": {"id": {"type": "bigint"}, "v": {"type": "bigint"}}})
+    assert plain.columns["v"].required is True
+    with_default = PostgresSink.model_validate(
+        {**base, "columns": {"id": {"type": "bigint"}, "v": {"type": "bigint", "default": 0}}})
+    assert with_default.columns["v"].required is False
+    assert plain.collapse_rule().version_index == 1 and plain.collapse_rule().key_index == (0,)
+    nothing = PostgresSink.model_validate({**base, "on_conflict": "nothing",
+                                           "columns": {"id": {"type": "bigint"}, "v": {"type": "bigint"}}})
+    assert nothing.collapse_rule().keep == "first"

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ingest.config import RetrySettings
+from ingest.core.collapse import CollapseRule
 from ingest.core.isolation import write_isolating
 from ingest.dlq.base import DlqEntry
 from ingest.errors import FatalPipelineError, PermanentError, TransientError
@@ -265,8 +266,8 @@ class RowSink:
 
 
 def make_writer(sink: RowSink, dlq: FakeDlq, *, key_index=(0,), retry: RetrySettings = FAST_RETRY) -> BatchWriter:
-    return BatchWriter(pipeline="p", write=sink, dlq=dlq, retry=retry, conflict_key_index=key_index,
-                       abort=threading.Event())
+    return BatchWriter(pipeline="p", write=sink, dlq=dlq, retry=retry,
+                       collapse_rule=CollapseRule(tuple(key_index) if key_index else None), abort=threading.Event())
 
 
 def test_writer_isolates_and_dead_letters_write_failures_with_provenance() -> None:
@@ -342,7 +343,7 @@ def test_writer_sink_down_never_dead_letters() -> None:
     dlq = FakeDlq()
     w = BatchWriter(pipeline="p", write=down, dlq=dlq,
                     retry=RetrySettings(max_attempts=4, initial_backoff_ms=1, max_backoff_ms=1),
-                    conflict_key_index=(0,), abort=threading.Event())
+                    collapse_rule=CollapseRule((0,)), abort=threading.Event())
     c = w.handle(0, [item(o, o) for o in range(50)], "size")
     assert isinstance(c.error, FatalPipelineError)
     assert c.done == {}
@@ -362,7 +363,7 @@ def test_writer_abort_cuts_retry_forever_short() -> None:
 
     w = BatchWriter(pipeline="p", write=down, dlq=FakeDlq(),
                     retry=RetrySettings(max_attempts=0, initial_backoff_ms=1, max_backoff_ms=1),
-                    conflict_key_index=(0,), abort=abort)
+                    collapse_rule=CollapseRule((0,)), abort=abort)
     c = w.handle(0, [item(0, 0)], "size")
     assert isinstance(c.error, FatalPipelineError)
     assert "aborted" in str(c.error)
@@ -404,6 +405,6 @@ def test_writer_on_conflict_nothing_writes_the_first_record_of_a_key() -> None:
     items = [item(0, 1), item(1, 1), item(2, 1)]
     sink, dlq = RowSink(), FakeDlq()
     w = BatchWriter(pipeline="p", write=sink, dlq=dlq, retry=RetrySettings(max_attempts=2),
-                    conflict_key_index=(0,), abort=threading.Event(), keep_first=True)
+                    collapse_rule=CollapseRule((0,), "first"), abort=threading.Event())
     c = w.handle(0, items, "size")
     assert c.error is None and sink.written == [(1, "ok", 0)]

@@ -1,0 +1,101 @@
+"""The in-batch collapse rule (ingest/core/collapse.py), held to the sink's semantics by a
+differential property test -- the one test that owns the rule.
+
+Reference: apply every record of a batch one by one, in consumption order, to a table with the
+sink's semantics (``ON CONFLICT DO UPDATE`` guarded by ``EXCLUDED.v >= t.v`` when there is a
+version column; ``DO NOTHING``; plain INSERT), starting from any existing rows. The collapse
+writes only each group's first candidate, and falls back to the next candidate when one is
+poison: the table must end the same as the reference with the poison records left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ingest.core.collapse import CollapseRule, collapse
+from ingest.types import Failure, Item, Record
+
+KEY, VERSION, POS = 0, 1, 2  # row = (key, version, position in the batch)
+
+
+def _items(rows: Sequence[tuple[int, int]], failed: set[int] = frozenset()) -> list[Item]:
+    out = []
+    for pos, (key, version) in enumerate(rows):
+        rec = Record("t", 0, pos, str(key).encode(), b"{}", None)
+        if pos in failed:
+            out.append(Item(rec, None, Failure("map", "invalid_value", "x"), 1, 10))
+        else:
+            out.append(Item(rec, (key, version, pos), None, 1, 10))
+    return out
+
+
+def _reference(table: dict[Any, tuple], rows: Sequence[tuple], rule: CollapseRule) -> dict[Any, tuple] | list:
+    """The table after applying ``rows`` one by one with the sink's semantics."""
+    if rule.key_index is None:
+        return [*table.get(None, []), *rows]
+    out = dict(table)
+    for row in rows:
+        key = tuple(row[i] for i in rule.key_index)
+        old = out.get(key)
+        if old is None:
+            out[key] = row
+        elif rule.keep == "last" and (rule.version_index is None or row[rule.version_index] >= old[rule.version_index]):
+            out[key] = row
+    return out
+
+
+def _collapsed(table: dict[Any, tuple], items: list[Item], rule: CollapseRule, poison: set[int]) -> dict | list:
+    """The table after writing one candidate per group (falling back past poison candidates)."""
+    failed, groups = collapse(items, rule)
+    assert all(it.failure is not None for it in failed)
+    written = []
+    for group in groups:
+        for candidate in group:
+            if candidate.row[POS] not in poison:
+                written.append(candidate.row)
+                break
+    return _reference(table, written, rule)
+
+
+RULES = st.one_of(
+    st.just(CollapseRule(None)),
+    st.builds(CollapseRule, st.just((KEY,)), st.sampled_from(["last", "first"]), st.sampled_from([None, VERSION])),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(rule=RULES, rows=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 3)), max_size=30),
+       existing=st.dictionaries(st.integers(0, 4), st.integers(0, 3), max_size=5), data=st.data())
+def test_collapse_writes_what_applying_every_record_would(rule: CollapseRule, rows, existing, data) -> None:
+    failed = data.draw(st.sets(st.integers(0, max(0, len(rows) - 1)), max_size=len(rows) // 3)) if rows else set()
+    poison = data.draw(st.sets(st.integers(0, max(0, len(rows) - 1)), max_size=len(rows) // 3)) if rows else set()
+    items = _items(rows, failed)
+    if rule.key_index is None:
+        table: dict = {None: [(-1, -1, -1)]}
+    else:
+        table = {(k,): (k, v, -1) for k, v in existing.items()}
+    good = [it.row for it in items if it.row is not None and it.row[POS] not in poison]
+    assert _collapsed(table, items, rule, poison) == _reference(table, good, rule)
+
+
+def test_groups_keep_every_record_of_their_key_in_preference_order() -> None:
+    items = _items([(1, 5), (1, 3), (2, 0), (1, 5), (2, 1)])
+    _, groups = collapse(items, CollapseRule((KEY,), "last", VERSION))
+    assert [[it.row[POS] for it in g] for g in groups] == [[3, 0, 1], [4, 2]]
+    _, groups = collapse(items, CollapseRule((KEY,), "last", None))
+    assert [[it.row[POS] for it in g] for g in groups] == [[3, 1, 0], [4, 2]]
+    _, groups = collapse(items, CollapseRule((KEY,), "first", VERSION))
+    assert [[it.row[POS] for it in g] for g in groups] == [[0, 1, 3], [2, 4]]
+    failed, groups = collapse(items, CollapseRule(None))
+    assert failed == [] and [[it.row[POS] for it in g] for g in groups] == [[0], [1], [2], [3], [4]]
+
+
+def test_failed_items_are_set_aside_in_order() -> None:
+    items = _items([(1, 0), (2, 0), (1, 1)], failed={0, 2})
+    failed, groups = collapse(items, CollapseRule((KEY,), "last", VERSION))
+    assert [it.record.offset for it in failed] == [0, 2]
+    assert [[it.row[POS] for it in g] for g in groups] == [[1]]
