@@ -35,8 +35,19 @@ Kafka commit). On assignment the consumer seeks to that watermark: everything
 below it is handled, and everything above it is either below its lane's
 ``next_offset`` (skipped by step 2) or not yet written. Routing must be
 deterministic for step 2 to be right: keyed records use the stable key hash;
-unkeyed records go to lane ``offset % lanes``. Changing ``lanes`` between runs
-is safe only after a clean stop (which stores the watermark at the end).
+unkeyed records go to lane ``offset % lanes``.
+
+The lane offsets are only valid for the lane mapping that wrote them, so they
+are kept per ``lanes`` and per routing scheme (``routing``: ``kafka-key`` -- the
+record's key, the scheme of append-only tables and of every table before
+version 0.2 -- or ``row-key``, the sink's own key, which tables with a conflict
+key route by since 0.2; see :mod:`ingest.core.routing`). A run with another
+mapping starts fresh lane offsets from the stored watermark: everything below
+it is handled, and records above it are written again, which upserts absorb
+(only tables with a key change scheme). Changing ``lanes`` of an append-only
+table is therefore safe only after a clean stop (which stores the watermark at
+the end): after a crash, records between the watermark and the old lanes'
+offsets would be inserted a second time.
 """
 
 from __future__ import annotations
@@ -54,34 +65,39 @@ from ingest.types import Item, Partition
 
 LANE_OFFSETS_TABLE = "ingest_lane_offsets"
 OFFSETS_TABLE = "ingest_offsets"
+#: Routing schemes (see the module docstring): what a lane's offsets were written under.
+ROUTING_RECORD_KEY = "kafka-key"
+ROUTING_ROW_KEY = "row-key"
 
 
 class LaneOffsets:
-    """SQL for the per-(partition, lane) offsets of one pipeline."""
+    """SQL for the per-(partition, lane) offsets of one pipeline under one lane mapping."""
 
-    def __init__(self, schema: str, pipeline: str, lanes: int) -> None:
+    def __init__(self, schema: str, pipeline: str, lanes: int, routing: str = ROUTING_RECORD_KEY) -> None:
         self.pipeline = pipeline
         self.lanes = lanes
+        self.routing = routing
         t = sql.Identifier(schema, LANE_OFFSETS_TABLE)
         self._ensure = sql.SQL(
-            'INSERT INTO {t} (pipeline, topic, "partition", lanes, lane, next_offset) VALUES (%s, %s, %s, %s, %s, 0) '
-            "ON CONFLICT DO NOTHING"
+            'INSERT INTO {t} (pipeline, topic, "partition", lanes, routing, lane, next_offset) '
+            "VALUES (%s, %s, %s, %s, %s, %s, 0) ON CONFLICT DO NOTHING"
         ).format(t=t)
         self._lock = sql.SQL(
-            'SELECT topic, "partition", next_offset FROM {t} WHERE pipeline = %s AND lanes = %s AND lane = %s '
-            'AND (topic, "partition") IN (SELECT * FROM unnest(%s::text[], %s::int[])) '
+            'SELECT topic, "partition", next_offset FROM {t} WHERE pipeline = %s AND lanes = %s AND routing = %s '
+            'AND lane = %s AND (topic, "partition") IN (SELECT * FROM unnest(%s::text[], %s::int[])) '
             'ORDER BY topic, "partition" FOR UPDATE'
         ).format(t=t)
         self._advance = sql.SQL(
             'UPDATE {t} SET next_offset = GREATEST(next_offset, %s), updated_at = now() '
-            'WHERE pipeline = %s AND topic = %s AND "partition" = %s AND lanes = %s AND lane = %s'
+            'WHERE pipeline = %s AND topic = %s AND "partition" = %s AND lanes = %s AND routing = %s AND lane = %s'
         ).format(t=t)
 
     def lock(self, conn: psycopg.Connection[Any], lane: int, tps: Sequence[Partition]) -> dict[Partition, int]:
         """Create missing rows, lock them, return the stored next offsets."""
         with conn.cursor() as cur:
-            cur.executemany(self._ensure, [(self.pipeline, tp.topic, tp.partition, self.lanes, lane) for tp in tps])
-            cur.execute(self._lock, (self.pipeline, self.lanes, lane, [tp.topic for tp in tps],
+            cur.executemany(self._ensure, [(self.pipeline, tp.topic, tp.partition, self.lanes, self.routing, lane)
+                                           for tp in tps])
+            cur.execute(self._lock, (self.pipeline, self.lanes, self.routing, lane, [tp.topic for tp in tps],
                                      [tp.partition for tp in tps]))
             return {Partition(topic, part): off for topic, part, off in cur.fetchall()}
 
@@ -89,7 +105,8 @@ class LaneOffsets:
         with conn.cursor() as cur:
             cur.executemany(
                 self._advance,
-                [(off, self.pipeline, tp.topic, tp.partition, self.lanes, lane) for tp, off in next_offsets.items()],
+                [(off, self.pipeline, tp.topic, tp.partition, self.lanes, self.routing, lane)
+                 for tp, off in next_offsets.items()],
             )
 
 

@@ -90,6 +90,27 @@ def offsets_table_sql(schema: str) -> sql.Composed:
     return load_sql("offsets_postgres.sql", schema=schema, table=OFFSETS_TABLE, lane_table=LANE_OFFSETS_TABLE)
 
 
+def _lane_offsets_keyed_by_routing(dsn: str, schema: str, what: str) -> None:
+    """Give a lane offsets table made before the ``routing`` column a primary key that includes it."""
+    query = """
+        SELECT con.conname, array_agg(a.attname::text)
+        FROM pg_constraint con JOIN pg_class c ON c.oid = con.conrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY(con.conkey)
+        WHERE con.contype = 'p' AND n.nspname = %s AND c.relname = %s GROUP BY con.conname
+    """
+    try:
+        with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
+            row = conn.execute(query, (schema, LANE_OFFSETS_TABLE)).fetchone()
+            if row is None or "routing" in row[1]:
+                return
+            conn.execute(sql.SQL(
+                'ALTER TABLE {t} DROP CONSTRAINT {pk}, ADD PRIMARY KEY (pipeline, topic, "partition", lanes, routing, lane)'
+            ).format(t=sql.Identifier(schema, LANE_OFFSETS_TABLE), pk=sql.Identifier(row[0])))
+    except psycopg.Error as exc:
+        raise MigrationError(f"{what}: the database rejected the DDL: {classify(exc)}") from None
+
+
 def dlq_dsn(p: PipelineSettings) -> str:
     """The DSN of a pipeline's PostgreSQL DLQ (dlq.dsn, else the sink's)."""
     if p.dlq.dsn is not None:
@@ -132,7 +153,9 @@ def migrate_pipeline(p: PipelineSettings) -> list[str]:
     if isinstance(p.sink, PostgresSink):
         sink = p.sink
         dsn = sink.dsn.get_secret_value()
-        _execute(dsn, f"postgres sink of pipeline {p.name!r}", sink_table_sql(sink) + [offsets_table_sql(sink.db_schema)])
+        what = f"postgres sink of pipeline {p.name!r}"
+        _execute(dsn, what, sink_table_sql(sink) + [offsets_table_sql(sink.db_schema)])
+        _lane_offsets_keyed_by_routing(dsn, sink.db_schema, what)
         if sink.conflict_key:
             with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
                 if not _has_unique_on(conn, sink.db_schema, sink.table, list(sink.conflict_key)):

@@ -1,14 +1,24 @@
-"""Routing records to lanes: same key, same lane, in every process and run.
+"""Routing records to lanes: same row, same lane, in every process and run.
 
-Per-key order is kept by sending every record with the same key to the same
-lane (a lane writes its batches in order). The lane must not depend on the
-process, so :func:`stable_hash` uses :func:`zlib.crc32` (C, fast, fixed by
-the standard, unsigned 32-bit in Python 3) rather than the built-in
-:func:`hash`, which is salted per process for ``bytes`` and ``str``.
-Changing the hash re-shuffles keys across lanes, so it is pinned by a test.
+Order is kept by sending every record that can touch one row to the same lane
+(a lane writes its batches in order). Which key decides:
 
-Records without a key (``None``; ``b""`` is a key) have no order to keep and
-are spread round robin, or all sent to lane 0 with ``unkeyed="lane0"``.
+- the sink's own key when it has one (the conflict key of an upsert table, the
+  sorting key of a ClickHouse table): two records of one row can then never be
+  in flight in two lanes at once, whatever their Kafka key -- records without a
+  Kafka key included;
+- otherwise (append-only tables) the ordering key: the pipeline's ``key`` path,
+  else the Kafka key. Records without one (``None``; ``b""`` is a key) have no
+  order to keep and are spread round robin, or all sent to lane 0 with
+  ``unkeyed="lane0"`` (exactly-once mode uses ``offset % lanes``, which a replay
+  repeats).
+
+The lane must not depend on the process, so :func:`stable_hash` uses
+:func:`zlib.crc32` (C, fast, fixed by the standard, unsigned 32-bit in Python 3)
+rather than the built-in :func:`hash`, which is salted per process for ``bytes``
+and ``str``; :func:`key_bytes` turns a row's key values into bytes that are
+equal exactly when the values are equal as keys. Changing either re-shuffles
+keys across lanes, so both are pinned by tests.
 
 Pure logic: no I/O. Not thread-safe (the round-robin counter).
 """
@@ -16,14 +26,56 @@ Pure logic: no I/O. Not thread-safe (the round-robin counter).
 from __future__ import annotations
 
 import zlib
-from typing import Literal
+from datetime import date, datetime, timezone
+from decimal import Decimal
+from typing import Any, Literal
 
-__all__ = ["LaneRouter", "stable_hash"]
+__all__ = ["LaneRouter", "key_bytes", "stable_hash"]
 
 
 def stable_hash(key: bytes) -> int:
     """Return ``zlib.crc32(key)``: an int in ``[0, 2**32)``, the same in every process and run. Never raises."""
     return zlib.crc32(key)
+
+
+def key_bytes(value: Any) -> bytes:
+    """The bytes a row key is routed by: equal for values that are equal as keys, in every process.
+
+    ``value`` is one key column's value, or a tuple of them (a composite key). Values that compare
+    equal get the same bytes: ``Decimal('1.0')`` and ``Decimal('1.00')``, ``-0.0`` and ``0.0``,
+    aware datetimes of one instant in different zones. Never raises.
+    """
+    t = type(value)
+    if t is int:
+        return b"%d" % value
+    if t is str:
+        return value.encode("utf-8", "surrogatepass")
+    if t is tuple:
+        parts = [key_bytes(v) for v in value]
+        return b"".join(b"%d:%s" % (len(p), p) for p in parts)
+    return _other_key_bytes(value)
+
+
+def _other_key_bytes(value: Any) -> bytes:
+    if value is None:
+        return b"\x00"
+    if isinstance(value, bool):
+        return b"\x01t" if value else b"\x01f"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, Decimal):
+        if value.is_finite():
+            value = value.normalize() if value else Decimal(0)
+        return str(value).encode()
+    if isinstance(value, float):
+        return repr(value + 0.0).encode()  # -0.0 + 0.0 == 0.0
+    if isinstance(value, datetime):
+        if value.tzinfo is not None and value.utcoffset() is not None:
+            value = value.astimezone(timezone.utc)
+        return value.isoformat().encode()
+    if isinstance(value, date):
+        return value.isoformat().encode()
+    return str(value).encode("utf-8", "surrogatepass")
 
 
 class LaneRouter:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import operator
 import random
 import threading
 import time
@@ -63,7 +64,7 @@ from ingest.core.dlq_guard import DlqGuard
 from ingest.core.hotkeys import LaneLoad
 from ingest.core.mapping import Mapper
 from ingest.core.offsets import OffsetTracker
-from ingest.core.routing import LaneRouter
+from ingest.core.routing import LaneRouter, key_bytes
 from ingest.errors import FatalPipelineError, InvalidRecord, TransientError
 from ingest.metrics import Metrics, PipelineMetrics
 from ingest.retry import retrying
@@ -131,6 +132,9 @@ class Pipeline:
 
         self._mapper = Mapper(settings.sink.columns, settings.key)
         self._router = LaneRouter(settings.lanes, settings.unkeyed)
+        # Records of one row go to one lane: by the sink's key when it has one (ingest.core.routing).
+        key_index = settings.sink.collapse_rule().key_index
+        self._row_key: Callable[[tuple], object] | None = operator.itemgetter(*key_index) if key_index else None
         batch = settings.batch
         self._batchers: list[RingBatcher[Item]] = [
             RingBatcher(batch.max_rows, batch.max_bytes, batch.max_latency_ms) for _ in range(settings.lanes)
@@ -289,6 +293,8 @@ class Pipeline:
         tracker = self._tracker
         map_record = self._mapper.map
         lane_of = self._router.lane
+        row_key = self._row_key
+        row_key_bytes = key_bytes
         skip_tombstones = self.settings.tombstones == "skip"
         deterministic = self._exactly_once  # exactly-once needs replay-stable routing
         spread_unkeyed = self.settings.unkeyed == "round_robin"  # unkeyed records are not one hot key
@@ -327,14 +333,16 @@ class Pipeline:
             if value is None and skip_tombstones:
                 skipped.append((tp, offset, epoch))
                 continue
-            key_bytes = rec.key
-            size = (len(value) if value is not None else 0) + (len(key_bytes) if key_bytes is not None else 0) + 64
+            record_key = rec.key
+            size = (len(value) if value is not None else 0) + (len(record_key) if record_key is not None else 0) + 64
             try:
                 row, key = map_record(rec)
+                if row_key is not None:
+                    key = row_key_bytes(row_key(row))
                 item = Item(rec, row, None, epoch, size)
             except InvalidRecord as exc:
                 item = Item(rec, None, Failure(exc.stage, exc.error_class, exc.message), epoch, size)
-                key = key_bytes
+                key = record_key
             if n_lanes == 1:
                 lane = 0
             else:

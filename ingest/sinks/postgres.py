@@ -240,10 +240,11 @@ class PostgresSink:
         """
         from ingest.dlq.base import DlqEntry
         from ingest.dlq.postgres import entry_row
-        from ingest.exactly_once import LaneOffsets, write_batch_exactly_once
+        from ingest.exactly_once import ROUTING_RECORD_KEY, ROUTING_ROW_KEY, LaneOffsets, write_batch_exactly_once
         from ingest.types import Failure
 
-        lane_offsets = LaneOffsets(self._cfg.db_schema, pipeline, lanes)
+        routing = ROUTING_ROW_KEY if self._cfg.collapse_rule().key_index is not None else ROUTING_RECORD_KEY
+        lane_offsets = LaneOffsets(self._cfg.db_schema, pipeline, lanes, routing)
 
         def put_dlq(conn: psycopg.Connection[Any], entries: list[Any]) -> None:
             with conn.cursor() as cur:

@@ -110,7 +110,6 @@ def test_exactly_once_partition_lost_and_handed_back_writes_each_record_once(
 # --------------------------------------------------------------------------- finding 2
 
 
-@pytest.mark.xfail(strict=True, reason="finding 2: unkeyed records go round robin across lanes")
 def test_unkeyed_records_of_one_row_are_not_reordered_across_lanes(kafka_bootstrap, pg_dsn, new_topic,
                                                                    group_id, tmp_path):
     """Two records of order 1 without a Kafka key, one batch each, lanes 4. A trigger delays the
@@ -133,6 +132,27 @@ def test_unkeyed_records_of_one_row_are_not_reordered_across_lanes(kafka_bootstr
     rows = table_rows(pg_dsn)
     assert rows[1][:2] == ("fast", 2), f"order 1 must hold its last record (seq 2), has {rows[1]}"
     assert len(rows) == 7
+
+
+def test_migrate_keys_old_exactly_once_lane_offsets_by_routing(kafka_bootstrap, pg_dsn, new_topic, tmp_path):
+    """Lane offsets made before the routing scheme existed keep their rows (scheme kafka-key) and get a
+    primary key that includes the scheme, so a table that now routes by its conflict key starts fresh
+    lane offsets instead of trusting ones written under another lane mapping."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("""CREATE TABLE ingest_lane_offsets (pipeline text NOT NULL, topic text NOT NULL,
+            "partition" integer NOT NULL, lanes integer NOT NULL, lane integer NOT NULL, next_offset bigint NOT NULL,
+            updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (pipeline, topic, "partition", lanes, lane))""")
+        conn.execute("INSERT INTO ingest_lane_offsets VALUES ('orders', 't', 0, 2, 1, 42)")
+    cfg = pipeline_config(bootstrap=kafka_bootstrap, topic=new_topic(partitions=1), group="g", dsn=pg_dsn, lanes=2)
+    cfg["pipelines"][0]["sink"]["delivery"] = "exactly_once"
+    write_and_migrate(tmp_path, cfg)
+    write_and_migrate(tmp_path, cfg)  # idempotent
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT routing, next_offset FROM ingest_lane_offsets").fetchall() == [("kafka-key", 42)]
+        pk = conn.execute("""SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_constraint con
+            JOIN pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = ANY(con.conkey)
+            WHERE con.contype = 'p' AND con.conrelid = 'ingest_lane_offsets'::regclass""").fetchone()[0]
+    assert pk == sorted(["pipeline", "topic", "partition", "lanes", "routing", "lane"])
 
 
 # --------------------------------------------------------------------------- finding 3

@@ -97,3 +97,21 @@ def test_rejects_bad_lanes(lanes: int) -> None:
 def test_rejects_bad_unkeyed() -> None:
     with pytest.raises(ValueError):
         LaneRouter(2, unkeyed="random")  # type: ignore[arg-type]
+
+
+def test_key_bytes_are_equal_exactly_for_equal_keys_and_pinned() -> None:
+    from datetime import datetime, timedelta, timezone
+    from decimal import Decimal
+    from uuid import UUID
+
+    from ingest.core.routing import key_bytes
+
+    assert key_bytes(42) == b"42" and key_bytes("é") == "é".encode() and key_bytes((1, "a")) == b"1:11:a"
+    assert key_bytes(Decimal("1.0")) == key_bytes(Decimal("1.00")) == key_bytes(Decimal("1"))
+    assert key_bytes(Decimal("-0")) == key_bytes(Decimal("0")) and key_bytes(-0.0) == key_bytes(0.0)
+    noon = datetime(2024, 1, 1, 12, tzinfo=timezone.utc)
+    assert key_bytes(noon) == key_bytes(noon.astimezone(timezone(timedelta(hours=5))))
+    assert key_bytes(UUID(int=1)) == b"00000000-0000-0000-0000-000000000001"
+    assert key_bytes(True) != key_bytes(1) and key_bytes(b"\x00raw") == b"\x00raw"
+    assert len({key_bytes(v) for v in (1, 2, "1:", (1,), (1, 2), (12,), ("1:1",))}) == 7  # unambiguous framing
+
