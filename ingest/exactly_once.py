@@ -183,14 +183,19 @@ def split_fresh(items: Sequence[Item], stored: dict[Partition, int]) -> tuple[li
 
     ``stored``: the lane's stored next offset per partition (missing: 0). Returns
     ``(fresh, high)``: the records at or above their partition's stored offset, in batch order,
+    each offset once (a record read twice -- a partition lost and handed back -- is one record),
     and one past the highest offset of each partition in the batch.
     """
     high: dict[Partition, int] = {}
+    seen: set[tuple[Partition, int]] = set()
+    fresh: list[Item] = []
     for item in items:
-        tp = item.record.tp
-        if item.record.offset + 1 > high.get(tp, -1):
-            high[tp] = item.record.offset + 1
-    fresh = [it for it in items if it.record.offset >= stored.get(it.record.tp, 0)]
+        tp, offset = item.record.tp, item.record.offset
+        if offset + 1 > high.get(tp, -1):
+            high[tp] = offset + 1
+        if offset >= stored.get(tp, 0) and (tp, offset) not in seen:
+            seen.add((tp, offset))
+            fresh.append(item)
     return fresh, high
 
 

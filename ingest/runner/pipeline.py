@@ -206,6 +206,35 @@ class Pipeline:
     def on_lost(self, partitions: list[Partition]) -> None:
         log.warning("partitions lost", extra={"pipeline": self.settings.name, "partitions": [str(p) for p in partitions]})
         self._forget(partitions)
+        self._unbuffer(set(partitions))
+
+    def _unbuffer(self, partitions: set[Partition]) -> None:
+        """Drop the buffered (not yet dispatched) records of ``partitions``: they will not be committed,
+        and the partitions' next owner -- this member again, perhaps -- reads them again."""
+        for lane, batcher in enumerate(self._batchers):
+            if not len(batcher):
+                continue
+            oldest_ms = batcher.oldest_ms
+            items = batcher.drain()
+            kept = [it for it in items if it.record.tp not in partitions]
+            dropped = len(items) - len(kept)
+            if not dropped:
+                self._rebuffer(lane, kept, oldest_ms)
+                continue
+            dropped_bytes = sum(it.size_bytes for it in items) - sum(it.size_bytes for it in kept)
+            self._lane_in_flight[lane] -= dropped
+            self._in_flight_records -= dropped
+            self._in_flight_bytes -= dropped_bytes
+            self._rebuffer(lane, kept, oldest_ms)
+
+    def _rebuffer(self, lane: int, items: list[Item], oldest_ms: int | None) -> None:
+        """Put drained items back (they fitted before, so at most one flush falls due)."""
+        if not items:
+            return
+        _, reason = self._batchers[lane].add_many(items, [it.size_bytes for it in items],
+                                                   oldest_ms if oldest_ms is not None else self._clock())
+        if reason is not None:
+            self._dispatch(lane, reason)
 
     def _forget(self, partitions: list[Partition]) -> None:
         for tp in partitions:

@@ -57,7 +57,6 @@ def _order(order_id: int, seq: int, **extra: Any) -> bytes:
 # --------------------------------------------------------------------------- finding 1
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: a lost partition's buffered records are written twice")
 @pytest.mark.slow
 def test_exactly_once_partition_lost_and_handed_back_writes_each_record_once(
         kafka_bootstrap, pg_dsn, new_topic, group_id, tmp_path):

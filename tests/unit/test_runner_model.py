@@ -337,13 +337,8 @@ def test_found_the_highest_version_wins_the_collapse() -> None:
             ("produce", {"oid": 2, "keyed": False, "bad": False, "versions": [0, 0]}))
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: a lost partition's records buffered twice")
 def test_found_exactly_once_after_a_partition_is_lost_and_handed_back() -> None:
     _replay(ExactlyOnceModel(), ("produce", {"oid": 0, "keyed": False, "bad": False, "versions": [0]}),
             ("step", {"times": 1}), ("lost_and_handed_back", {"parts": {PARTITIONS[0]}}))
 
 
-# Until findings 1-3 are fixed the random search may or may not hit them in a run.
-for _case, _finding in ((TestExactlyOnceModel, 1),):
-    _case.pytestmark = [pytest.mark.xfail(strict=False, reason=f"finding {_finding}")]
-del _case, _finding
