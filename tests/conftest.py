@@ -9,6 +9,7 @@ never skipped.
 
 Fixtures:
     kafka_bootstrap  (session)  "host:port"
+    kafka_service    (session)  the broker's Service (``kind``: env | docker | local = Tansu)
     pg_admin_dsn     (session)  DSN of database ``postgres`` (admin rights)
     pg_dsn           (function) ``postgresql://`` URL of a fresh empty database, dropped afterwards
     new_topic        (function) ``new_topic(partitions=6, name=None) -> str``, deleted afterwards
@@ -49,13 +50,18 @@ def _start(starter: Callable[[], Service]) -> Service:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
+def kafka_service() -> Iterator[Service]:
     svc = _start(start_kafka)
     try:
-        yield svc.endpoint
+        yield svc
     finally:
         close_producers(svc.endpoint)
         svc.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_service: Service) -> str:
+    return kafka_service.endpoint
 
 
 @pytest.fixture(scope="session")

@@ -172,6 +172,29 @@ class OffsetTracker(Generic[P]):
             queue.popleft()
         return before - len(pending)
 
+    def advance(self, tp: P, offset: int) -> bool:
+        """Move the watermark of an idle ``tp`` up to ``offset`` (never down).
+
+        For offsets that are never delivered -- a transaction's commit marker, records
+        a ``read_committed`` consumer skips -- so that a fully consumed partition can
+        commit its true end. Only when nothing of ``tp`` is pending: every offset below
+        ``offset`` that was tracked is done. Later :meth:`track` calls must be ``>= offset``.
+
+        Returns:
+            ``True`` if the watermark moved. ``False`` (nothing changed) when ``tp`` is
+            unassigned, has pending offsets, or its watermark is already ``>= offset``.
+            Never raises.
+        """
+        state = self._states.get(tp)
+        if state is None or state.pending:
+            return False
+        mark = _watermark(state)
+        if mark is not None and offset <= mark:
+            return False
+        state.queue.clear()
+        state.last = offset - 1
+        return True
+
     # -- watermarks and commits ----------------------------------------------
 
     def watermark(self, tp: P) -> int | None:

@@ -11,6 +11,13 @@ watermarks moved; :class:`Committer` sends them, in this order:
 A failed step is logged and retried at the next tick; the tracker only learns
 that a watermark was committed once the source accepted it.
 
+Past the last record: a partition whose delivered records are all handled may
+still sit below the log end -- a transaction's commit marker takes an offset
+but is never delivered. The source's *position* is past such offsets, so at a
+regular commit tick (never inside a revoke, where records of the current poll
+are not tracked yet) an idle partition's watermark is moved up to it, and a
+fully consumed partition shows lag 0.
+
 Advisory commits (exactly-once mode): on assignment the consumer seeks to the
 stored offsets; until this member commits a watermark of its own, those are
 committed to Kafka too, so Kafka's view catches up with the database's after a
@@ -63,8 +70,16 @@ class Committer:
         self._advisory.update(offsets)
 
     def commit(self, source: Source, only: set[Partition] | None = None, *, to_position: bool = True) -> None:
-        """Commit every watermark that moved (of ``only``, when given). Never raises."""
+        """Commit every watermark that moved (of ``only``, when given). Never raises.
+
+        ``to_position``: first move idle partitions up to the source's position (see the module
+        docstring); only where every record the source delivered so far has been tracked.
+        """
         tracker = self._tracker
+        if to_position:
+            idle = [tp for tp in tracker.partitions() if tracker.in_flight(tp) == 0 and (only is None or tp in only)]
+            for tp, offset in source.position(idle).items():
+                tracker.advance(tp, offset)
         candidates = tracker.commit_candidates()
         if only is not None:
             candidates = {tp: off for tp, off in candidates.items() if tp in only}

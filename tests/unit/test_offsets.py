@@ -365,3 +365,21 @@ def test_track_many_rejects_backwards_runs_without_changing_anything() -> None:
         with pytest.raises(ValueError):
             t.track_many(TP0, bad)
     assert t.last_tracked(TP0) == 9 and t.in_flight() == 3 and t.watermark(TP0) == 3
+
+
+def test_advance_moves_only_an_idle_watermark_and_never_down() -> None:
+    from ingest.core.offsets import OffsetTracker
+
+    t: OffsetTracker[str] = OffsetTracker()
+    e = t.assign("p")
+    assert t.advance("p", 5) is True and t.watermark("p") == 5  # nothing tracked yet: the start position
+    t.track_many("p", [5, 6, 7])
+    assert t.advance("p", 9) is False, "records in flight"
+    t.done_many("p", [5, 6, 7], e)
+    assert t.watermark("p") == 8
+    assert t.advance("p", 8) is False and t.advance("p", 7) is False
+    assert t.advance("p", 9) is True and t.watermark("p") == 9  # a marker at offset 8
+    assert t.commit_candidates() == {"p": 9}
+    t.track("p", 9)
+    assert t.watermark("p") == 9
+    assert t.advance("unassigned", 3) is False

@@ -137,6 +137,11 @@ class PipelineModel(RuleBasedStateMachine):
     def produce_garbage(self, part: Partition) -> None:
         self.log.append(part, None, b"{not json")
 
+    @rule(part=st.sampled_from(PARTITIONS))
+    def transaction_marker(self, part: Partition) -> None:
+        """A commit marker: it takes an offset and is never delivered; the group must commit past it."""
+        self.log.append_marker(part)
+
     # -- the member's life ------------------------------------------------------------------
     @precondition(lambda self: self.pipeline is not None)
     @rule(times=st.integers(1, 4))
