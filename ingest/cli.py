@@ -181,7 +181,8 @@ def _build_schedulers(settings: Settings, pipelines: list[PipelineSettings], met
 
 def _build_pipeline(settings: Settings, p: PipelineSettings, stop: threading.Event, abort: threading.Event,
                     until_idle: float | None, metrics: Any = None,
-                    schedulers: dict[str, Any] | None = None) -> tuple[Any, list[Any]]:
+                    schedulers: dict[str, Any] | None = None,
+                    drain_timeout: float | None = None) -> tuple[Any, list[Any]]:
     from ingest.runner import Pipeline, RunOptions
     from ingest.sources.kafka import KafkaSource
     from ingest.writer import BatchWriter
@@ -199,7 +200,8 @@ def _build_pipeline(settings: Settings, p: PipelineSettings, stop: threading.Eve
                          collapse_rule=p.sink.collapse_rule(), abort=abort, exactly_once=exactly_once)
     source_factory = functools.partial(KafkaSource, settings.kafka, p.effective_group_id, list(p.topics))
     options = RunOptions(consume_batch_size=settings.kafka.consume_batch_size,
-                         poll_timeout_ms=settings.kafka.poll_timeout_ms, until_idle_s=until_idle)
+                         poll_timeout_ms=settings.kafka.poll_timeout_ms, until_idle_s=until_idle,
+                         drain_timeout_s=drain_timeout)
     pipeline = Pipeline(
         p, source_factory=source_factory, writer=writer, stop=stop, abort=abort, options=options,
         metrics=metrics.pipeline(p.name) if metrics is not None else None,
@@ -215,7 +217,14 @@ def run(
     until_idle: Annotated[
         Optional[float],
         typer.Option("--until-idle", metavar="SECONDS",
-                     help="Exit 0 once assigned partitions are drained and nothing arrived for this long."),
+                     help="Exit 0 once the consumer group has drained the topics (committed offsets at the log "
+                          "end on every partition) and nothing arrived for this long."),
+    ] = None,
+    drain_timeout: Annotated[
+        Optional[float],
+        typer.Option("--drain-timeout", metavar="SECONDS", min=0.0,
+                     help="With --until-idle: give up after waiting this long for partitions held by other "
+                          "members to drain, exit 1 and name them (default 10 x --until-idle)."),
     ] = None,
     metrics_port: Annotated[
         int, typer.Option("--metrics-port", envvar="INGEST_METRICS_PORT",
@@ -272,7 +281,8 @@ def run(
             log.error("cannot serve metrics; continuing without", extra={"port": metrics_port, "error": str(exc)})
     try:
         schedulers = _build_schedulers(settings, selected, metrics)
-        built = [_build_pipeline(settings, p, stop, abort, until_idle, metrics, schedulers) for p in selected]
+        built = [_build_pipeline(settings, p, stop, abort, until_idle, metrics, schedulers, drain_timeout)
+                 for p in selected]
     except ConfigError as exc:
         raise _fail(EXIT_CONFIG, str(exc)) from None
     errors: dict[str, BaseException] = {}

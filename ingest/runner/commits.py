@@ -64,6 +64,13 @@ class Committer:
         self.offset_store = offset_store
         #: stored offsets seeked to on assignment, to be committed to Kafka for lag tooling
         self._advisory: dict[Partition, int] = {}
+        #: where partitions nothing was read from since assignment started (the group's committed offset)
+        self._start: dict[Partition, int] = {}
+
+    def assigned(self, partitions: Iterable[Partition]) -> None:
+        """``partitions`` were (re)assigned: positions seen before do not count any more."""
+        for tp in partitions:
+            self._start.pop(tp, None)
 
     def seeked(self, offsets: dict[Partition, int]) -> None:
         """The consumer was told to start ``offsets`` (exactly-once: the stored ones)."""
@@ -78,7 +85,17 @@ class Committer:
         tracker = self._tracker
         if to_position:
             idle = [tp for tp in tracker.partitions() if tracker.in_flight(tp) == 0 and (only is None or tp in only)]
-            for tp, offset in source.position(idle).items():
+            positions = source.position(idle)
+            unread = [tp for tp in positions if tracker.last_tracked(tp) is None and tp not in self._start]
+            if unread:
+                try:
+                    committed = source.committed(unread)
+                except TransientError:
+                    committed = {}
+                self._start.update({tp: off or 0 for tp, off in committed.items()})
+            for tp, offset in positions.items():
+                if tracker.last_tracked(tp) is None and offset <= self._start.get(tp, offset):
+                    continue  # nothing read, and nothing skipped since the committed offset
                 tracker.advance(tp, offset)
         candidates = tracker.commit_candidates()
         if only is not None:

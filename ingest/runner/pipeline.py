@@ -69,6 +69,7 @@ from ingest.errors import FatalPipelineError, InvalidRecord, TransientError
 from ingest.metrics import Metrics, PipelineMetrics
 from ingest.retry import retrying
 from ingest.runner.commits import Committer, OffsetStore
+from ingest.runner.drain import DrainWatch, describe
 from ingest.runner.lanes import LanePool, ThreadedLanes
 from ingest.runner.observe import Observer
 from ingest.runner.stats import PipelineStats
@@ -96,6 +97,8 @@ class RunOptions:
     poll_timeout_ms: int = 100
     #: ``--until-idle``: finish once the group drained the topics and nothing arrived for this long
     until_idle_s: float | None = None
+    #: ``--drain-timeout``: give up (fail) after waiting this long for the group to drain (10 x idle)
+    drain_timeout_s: float | None = None
 
 
 class Pipeline:
@@ -128,7 +131,8 @@ class Pipeline:
         self._on_progress = on_progress
         self._clock = clock
         self._poll_timeout_s = options.poll_timeout_ms / 1000
-        self._until_idle_ms = None if options.until_idle_s is None else int(options.until_idle_s * 1000)
+        self._drain = (None if options.until_idle_s is None
+                       else DrainWatch(settings.name, options.until_idle_s, options.drain_timeout_s))
 
         self._mapper = Mapper(settings.sink.columns, settings.key)
         self._router = LaneRouter(settings.lanes, settings.unkeyed)
@@ -184,6 +188,7 @@ class Pipeline:
                     seek_to = store.load(partitions)
         for tp in partitions:
             self._tracker.assign(tp)
+        self._committer.assigned(partitions)
         if seek_to:
             self._committer.seeked(seek_to)
         self._assigned_once = self._assigned_once or bool(partitions)
@@ -297,10 +302,7 @@ class Pipeline:
                 self._observe(now_ms)
                 if self._on_progress is not None:
                     self._on_progress(self.stats)
-            if self._idle(now_ms):
-                log.info("idle, stopping", extra={"pipeline": self.settings.name})
-                return False
-            return True
+            return not self._finished(now_ms, source)
         except TransientError as exc:
             self._fatal = FatalPipelineError(f"pipeline {self.settings.name!r}: {exc}")
             return False
@@ -521,18 +523,39 @@ class Pipeline:
                                in_flight_records=self._in_flight_records, in_flight_bytes=self._in_flight_bytes,
                                lane_in_flight=self._lane_in_flight, oldest_ms=oldest)
 
-    def _idle(self, now_ms: int) -> bool:
-        if self._until_idle_ms is None or not self._assigned_once:
+    def _finished(self, now_ms: int, source: Source) -> bool:
+        """``--until-idle``: True once the group drained the topics, or the drain timeout gave up
+        (then the run fails, naming what is left; see :mod:`ingest.runner.drain`)."""
+        drain = self._drain
+        if drain is None:
             return False
-        if self._paused:
-            return False  # backpressure, not a drained topic
+        if not self._locally_idle(now_ms, drain.idle_ms):
+            drain.busy()
+            return False
+        self._committer.commit(source)  # this member's own watermarks first: the group's view includes them
+        verdict = drain.check(now_ms, source)
+        if not verdict.done:
+            return False
+        if not verdict.failed:
+            log.info("idle and the group drained the topics, stopping", extra={"pipeline": self.settings.name})
+            return True
+        self.stats.undrained = [{"topic": b.partition.topic, "partition": b.partition.partition,
+                                 "committed": b.committed, "behind": b.behind} for b in verdict.backlog]
+        left = describe(verdict.backlog) or "the group's offsets could not be read"
+        self._fatal = FatalPipelineError(
+            f"pipeline {self.settings.name!r}: --until-idle: the group did not drain the topics within "
+            f"{drain.drain_timeout_ms / 1000:g} s: {left}")
+        return True
+
+    def _locally_idle(self, now_ms: int, idle_ms: int) -> bool:
+        """This member has partitions, nothing in flight, is not paused, and nothing arrived for ``idle_ms``."""
+        if not self._assigned_once or self._paused:
+            return False  # never assigned yet (closing now could wedge this broker's group), or backpressure
         if not self._tracker.partitions():
-            # An empty assignment (e.g. a rebalance still settling) is not "drained"; closing now
-            # could also leave this broker's group mid-join.
-            return False
+            return False  # an empty assignment (a rebalance still settling) is not "drained"
         if self._in_flight_records > 0:
             return False
-        return now_ms - self._last_activity_ms >= self._until_idle_ms
+        return now_ms - self._last_activity_ms >= idle_ms
 
     def _shutdown(self) -> None:
         source = self._source

@@ -90,6 +90,11 @@ class Source(Protocol):
         """
         ...
 
+    def committed(self, partitions: Iterable[Partition]) -> dict[Partition, int | None]:
+        """The group's committed offsets of ``partitions`` (None: none committed). May query the broker;
+        raises TransientError when it cannot."""
+        ...
+
     def cached_high(self, partition: Partition) -> int | None:
         """The partition's log end as last seen (no broker round trip), None if unknown. Never raises."""
         ...

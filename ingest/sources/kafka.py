@@ -219,7 +219,10 @@ class KafkaSource:
 
     def committed(self, partitions: Iterable[Partition], timeout_s: float = 10.0) -> dict[Partition, int | None]:
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
-        result = self._consumer.committed(tps, timeout=timeout_s)
+        try:
+            result = self._consumer.committed(tps, timeout=timeout_s)
+        except KafkaException as exc:
+            raise TransientError(f"cannot read committed offsets: {exc.args[0].str()}", error_class="commit") from None
         return {_tp(tp): (tp.offset if tp.offset != OFFSET_INVALID and tp.offset >= 0 else None) for tp in result}
 
     def watermarks(self, partition: Partition, timeout_s: float = 5.0) -> tuple[int, int]:

@@ -147,6 +147,9 @@ class MemorySource:
             out[tp] = pos
         return out
 
+    def committed(self, partitions: Iterable[Partition]) -> dict[Partition, int | None]:
+        return {tp: self.log.committed.get(tp) for tp in partitions}
+
     def cached_high(self, partition: Partition) -> int | None:
         return self.log.end(partition) if partition in self.log.partitions else None
 

@@ -141,7 +141,6 @@ def _two_members(kafka_bootstrap: str, pg_dsn: str, topic: str, group: str, tmp_
     return a, b, feed, config
 
 
-@pytest.mark.xfail(strict=True, reason="finding 11: --until-idle exits with the group not drained")
 @pytest.mark.slow
 def test_until_idle_waits_for_the_whole_group_to_drain(kafka_bootstrap, pg_dsn, new_topic, group_id, tmp_path):
     """A and B share the group; A is SIGKILLed while records keep arriving on its partitions, and
@@ -162,7 +161,6 @@ def test_until_idle_waits_for_the_whole_group_to_drain(kafka_bootstrap, pg_dsn, 
         "B exited while partitions of the group were not drained"
 
 
-@pytest.mark.xfail(strict=True, reason="finding 11: no drain timeout")
 @pytest.mark.slow
 def test_until_idle_gives_up_after_the_drain_timeout_naming_the_partitions(kafka_bootstrap, pg_dsn, new_topic,
                                                                           group_id, tmp_path):
