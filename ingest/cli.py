@@ -104,7 +104,7 @@ def check(config: ConfigOpt = None, log_level: LogLevelOpt = "warning") -> None:
             typer.echo(f"ok   pipeline {p.name}: sink {p.sink.kind} table {p.sink.table}")
             if p.dlq.kind == "postgres":
                 from ingest.migrate import dlq_dsn
-                from ingest.sinks.postgres import check_dsn
+                from ingest.drivers.postgres import check_dsn
 
                 check_dsn(dlq_dsn(p), f"postgres DLQ of pipeline {p.name!r}")
                 typer.echo(f"ok   pipeline {p.name}: DLQ postgres table {p.dlq.table}")
@@ -477,7 +477,7 @@ def _dlq_call(fn: Any) -> Any:
     try:
         return fn()
     except psycopg.OperationalError as exc:
-        from ingest.sinks.pg_errors import classify
+        from ingest.drivers.postgres import classify
 
         raise _fail(EXIT_UNREACHABLE, f"unreachable: DLQ database: {classify(exc)}") from None
     except psycopg.errors.UndefinedTable:

@@ -1,18 +1,35 @@
-"""One exception root, classified by what the caller can do about it.
+"""One exception root, classified by what the caller can do about it::
+
+    IngestError
+    ├── TransientError        retry with backoff; when retries run out, stop without committing
+    ├── PermanentError        the data's fault: split the batch, dead-letter the rows that fail alone
+    ├── UnclassifiedError     neither: stop without committing, at once (no retry, no bisection)
+    ├── InvalidRecord         a record that cannot be decoded or mapped: DLQ (stage decode / map)
+    ├── ConfigError           bad configuration (CLI exit code 2)
+    ├── ServiceUnreachable    a broker or database in the config does not answer (exit code 3)
+    └── FatalPipelineError    the pipeline must stop (exit code 1)
 
 - :class:`TransientError`: the operation may succeed if retried unchanged
-  (connection lost, server restarting, deadlock, too many connections).
-  Retried with backoff; never a reason to dead-letter data.
-- :class:`PermanentError`: retrying the same input fails the same way (data
-  or constraint error). A batch failing this way is split to find the rows
-  that fail alone; those go to the DLQ.
+  (connection lost, server restarting, deadlock, a read-only failover, a
+  revoked privilege). Retried with backoff; never a reason to dead-letter data.
+- :class:`PermanentError`: retrying the same input fails the same way, and a
+  row's values can be the cause (data or constraint error). A batch failing this
+  way is split to find the rows that fail alone; those go to the DLQ.
+- :class:`UnclassifiedError`: a failure that is neither: retrying the same call
+  cannot help and no row is to blame (e.g. the driver refusing a statement on a
+  healthy connection). The pipeline stops at once, naming it.
 - :class:`InvalidRecord`: a record that cannot be decoded or mapped. Never
   reaches the database; goes to the DLQ with ``stage`` decode or map.
 - :class:`ConfigError`: bad configuration (CLI exit code 2).
 - :class:`ServiceUnreachable`: a broker or database named in the config does
   not answer (CLI exit code 3).
 - :class:`FatalPipelineError`: the pipeline must stop (retries exhausted,
-  DLQ guard tripped); nothing past the last handled record is committed.
+  DLQ guard tripped, an unclassified failure); nothing past the last handled
+  record is committed.
+
+Driver errors are translated into this tree at the adapter boundary, in one
+place per backend (``ingest.drivers.postgres.translate``,
+``ingest.sinks.clickhouse.errors.classify``), with ``raise ... from exc``.
 
 Errors carry structured fields (``sqlstate``, ``partition``, ``offset``) and
 their messages never contain secrets: adapters build messages from the
@@ -42,6 +59,10 @@ class PermanentError(IngestError):
         super().__init__(message)
         self.sqlstate = sqlstate
         self.error_class = error_class
+
+
+class UnclassifiedError(IngestError):
+    """Neither transient nor the data's fault: the pipeline stops without committing, naming the error."""
 
 
 class InvalidRecord(IngestError):

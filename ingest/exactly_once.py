@@ -59,8 +59,8 @@ import psycopg
 from psycopg import sql
 
 from ingest.core.isolation import write_groups_isolating
+from ingest.drivers.postgres import classify, translate
 from ingest.errors import PermanentError
-from ingest.sinks.pg_errors import classify
 from ingest.types import Item, Partition
 
 LANE_OFFSETS_TABLE = "ingest_lane_offsets"
@@ -224,11 +224,8 @@ def write_batch_exactly_once(
 
     def savepoint_write(piece: Sequence[Item]) -> None:
         calls[0] += 1
-        try:
-            with conn.transaction():  # a SAVEPOINT inside the batch transaction
-                write_rows(conn, [item.row for item in piece])
-        except psycopg.Error as exc:
-            raise classify(exc) from exc
+        with translate(conn), conn.transaction():  # a SAVEPOINT inside the batch transaction
+            write_rows(conn, [item.row for item in piece])
 
     written, poison = write_groups_isolating(groups, savepoint_write)
     for item, exc in poison:

@@ -20,7 +20,7 @@ from psycopg import sql
 
 from ingest.config import PipelineSettings, PostgresSink, pg_base_type
 from ingest.errors import ConfigError, IngestError, ServiceUnreachable
-from ingest.sinks.pg_errors import classify
+from ingest.drivers.postgres import classify
 
 SQL_DIR = Path(__file__).parent / "sql"
 

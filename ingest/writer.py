@@ -37,7 +37,7 @@ from ingest.config import RetrySettings
 from ingest.core.collapse import CollapseRule, collapse
 from ingest.core.isolation import write_groups_isolating
 from ingest.dlq.base import DeadLetterQueue, DlqEntry
-from ingest.errors import FatalPipelineError, PermanentError, TransientError
+from ingest.errors import FatalPipelineError, PermanentError, TransientError, UnclassifiedError
 from ingest.sinks.base import dedup_token
 from ingest.retry import retrying
 from ingest.types import Failure, Item, Partition
@@ -160,6 +160,9 @@ class BatchWriter:
                 if not self._abort.is_set()
                 else f"pipeline {self._pipeline!r}: aborted"
             )
+        except UnclassifiedError as exc:  # neither retried nor bisected: stop, naming it
+            result.done.clear()
+            result.error = FatalPipelineError(f"pipeline {self._pipeline!r}: stopped: {exc}")
         except Exception as exc:  # noqa: BLE001 - a bug must stop the pipeline, not kill the lane silently
             result.done.clear()
             log.exception("unexpected error in batch writer")

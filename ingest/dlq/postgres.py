@@ -21,7 +21,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ingest.dlq.base import DlqEntry
 from ingest.errors import TransientError
-from ingest.sinks.pg_errors import classify
+from ingest.drivers.postgres import classify
 
 _COLUMNS = (
     "pipeline", "topic", "partition", "offset", "record_timestamp", "key", "value",

@@ -30,12 +30,12 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool
 
 from ingest.config import PostgresSink as PostgresSinkSettings
 from ingest.config import pg_base_type
-from ingest.errors import PermanentError, ServiceUnreachable, TransientError
-from ingest.sinks.pg_errors import classify
+from ingest.drivers.postgres import check_dsn, translate
+from ingest.errors import PermanentError, TransientError
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +54,8 @@ def stage_name(schema: str, table: str) -> str:
     return f"ingest_stage_{digest}"
 
 
-def check_dsn(dsn: str, what: str) -> None:
-    """Connect to ``dsn`` and run ``SELECT 1``; raise ServiceUnreachable naming ``what`` (never the DSN)."""
-    try:
-        with psycopg.connect(dsn, connect_timeout=5) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.Error as exc:
-        raise ServiceUnreachable(what, str(classify(exc))) from None
+#: PostgreSQL's wire protocol counts bind parameters in 16 bits: one statement takes at most this many.
+MAX_PARAMETERS = 65_535
 
 
 #: psycopg type names for binary COPY, by normalised column base type.
@@ -214,24 +209,14 @@ class PostgresSink:
         """
         if not rows and tx_hook is None:
             return
-        try:
+        with translate() as t:
             with self._get_pool().connection() as conn:
+                t.conn = conn
                 with conn.transaction():
                     if rows:
                         self._write_rows(conn, rows)
                     if tx_hook is not None:
                         tx_hook(conn)
-        except PoolTimeout as exc:
-            raise TransientError(f"no database connection available: {exc}", error_class="pool_timeout") from None
-        except (TransientError, PermanentError):
-            raise
-        except psycopg.Error as exc:
-            raise classify(exc) from exc
-        except (OSError, TimeoutError) as exc:
-            raise classify(exc) from exc
-        except (ValueError, TypeError, OverflowError) as exc:
-            # A value psycopg could not adapt: the row itself is at fault.
-            raise PermanentError(f"cannot send value: {exc}", error_class="client_data_error") from exc
 
     def exactly_once_writer(self, *, pipeline: str, lanes: int, dlq: Any) -> Callable[..., Any]:
         """A function running one lane batch as a single exactly-once transaction (see ingest.exactly_once).
@@ -255,20 +240,15 @@ class PostgresSink:
 
         def run(lane: int, items: Sequence[Any], plan: Callable[..., Any]) -> tuple[int, list[Any], int, int]:
             try:
-                with self._get_pool().connection() as conn, conn.transaction():
-                    result = write_batch_exactly_once(
+                with translate() as t, self._get_pool().connection() as conn, conn.transaction():
+                    t.conn = conn
+                    return write_batch_exactly_once(
                         conn, lane=lane, items=items, lane_offsets=lane_offsets, plan=plan,
                         write_rows=self._write_rows_and_clear, put_dlq=put_dlq, write_failure=write_failure,
                     )
-                    return result
-            except PoolTimeout as exc:
-                raise TransientError(f"no database connection available: {exc}", error_class="pool_timeout") from None
-            except (TransientError, PermanentError):
-                raise
-            except psycopg.Error as exc:
-                err = classify(exc)
+            except PermanentError as err:
                 # Outside the savepoints (offsets, DLQ rows) nothing is the data's fault: retry.
-                raise TransientError(str(err), sqlstate=err.sqlstate, error_class="exactly_once_tx") from exc
+                raise TransientError(str(err), sqlstate=err.sqlstate, error_class="exactly_once_tx") from err
 
         return run
 
@@ -288,6 +268,9 @@ class PostgresSink:
                 cur.execute(self._sql.insert_from_stage)
                 self.statements += 2
             else:
-                params = [v for row in rows for v in row]
-                cur.execute(self._sql.insert_values(len(rows)), params)
-                self.statements += 1
+                # One transaction, as many statements as the 65,535 bind parameters of the protocol need.
+                per_statement = max(1, MAX_PARAMETERS // len(self._sql.columns))
+                for start in range(0, len(rows), per_statement):
+                    chunk = rows[start:start + per_statement]
+                    cur.execute(self._sql.insert_values(len(chunk)), [v for row in chunk for v in row])
+                    self.statements += 1

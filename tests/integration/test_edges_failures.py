@@ -52,7 +52,6 @@ def _dlq_count(dsn: str) -> int:
 # --------------------------------------------------------------------------- finding 5
 
 
-@pytest.mark.xfail(strict=True, reason="finding 5: values statements above 65,535 parameters")
 def test_values_write_method_takes_a_batch_over_the_parameter_limit(kafka_bootstrap, pg_dsn, new_topic, group_id,
                                                                     tmp_path):
     topic = new_topic(partitions=1)
@@ -67,13 +66,12 @@ def test_values_write_method_takes_a_batch_over_the_parameter_limit(kafka_bootst
     assert _dlq_count(pg_dsn) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="finding 5: no third outcome for an error without SQLSTATE")
 def test_error_without_sqlstate_on_a_healthy_connection_stops_the_pipeline(pg_dsn):
     """psycopg reports "number of parameters must be between 0 and 65535" without SQLSTATE on a
     connection that is fine: not a connection error (retrying cannot help), not the data's fault
     (bisecting would dead-letter good rows): the third outcome, stop without committing."""
     from ingest.errors import PermanentError, TransientError, UnclassifiedError
-    from ingest.sinks.postgres.errors import translate
+    from ingest.drivers.postgres import translate
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         with pytest.raises(UnclassifiedError) as info:
@@ -279,7 +277,7 @@ def _as_user(dsn: str, user: str) -> str:
 
 
 @pytest.mark.parametrize("write_method", [
-    pytest.param("values", marks=pytest.mark.xfail(strict=True, reason="finding 8: 25006 is classified as poison")),
+    "values",
     "copy",  # the pool's CREATE TEMP TABLE fails first: already retried as an outage
 ])
 def test_read_only_database_is_an_outage_not_poison(write_method, kafka_bootstrap, pg_dsn, pg_admin_dsn,
@@ -306,7 +304,6 @@ def test_read_only_database_is_an_outage_not_poison(write_method, kafka_bootstra
         assert count_rows(pg_dsn) == 200 and _dlq_count(dlq_dsn) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="finding 8: 42501 permission denied is classified as poison")
 def test_revoked_privilege_stops_and_row_level_security_is_poison(kafka_bootstrap, pg_dsn, pg_admin_dsn,
                                                                   new_topic, group_id, tmp_path):
     topic = new_topic(partitions=1)

@@ -1,4 +1,4 @@
-"""The PostgreSQL error classification table (ingest/sinks/pg_errors.py), one test per class.
+"""The PostgreSQL error classification table (ingest/drivers/postgres.py), one test per class.
 
 Exceptions are the real psycopg classes, looked up by SQLSTATE
 (``psycopg.errors.lookup``), plus client-side errors raised without a SQLSTATE.
@@ -13,8 +13,8 @@ import psycopg
 import psycopg.errors
 import pytest
 
-from ingest.errors import PermanentError, TransientError
-from ingest.sinks.pg_errors import TRANSIENT_CLASSES, TRANSIENT_CODES, classify, is_transient_sqlstate
+from ingest.drivers.postgres import PERMANENT_CLASSES, PERMANENT_CODES, TRANSIENT_CODES, classify, is_row_error
+from ingest.errors import PermanentError, TransientError, UnclassifiedError
 
 
 def server_error(sqlstate: str, message: str = "server said no") -> psycopg.Error:
@@ -50,6 +50,18 @@ TRANSIENT_SQLSTATES = {
     "55P03": "LockNotAvailable",
     "58030": "IoError",
     "XX000": "InternalError_",
+    # finding 8 of issue 15: outages that used to dead-letter good rows
+    "25006": "ReadOnlySqlTransaction",  # a failover: the server is a read-only standby for a while
+    "42501": "InsufficientPrivilege",  # permission denied (a revoked INSERT/UPDATE)
+    # the schema is not what the config says: no record can fix that
+    "42P01": "UndefinedTable",
+    "42703": "UndefinedColumn",
+    "42804": "DatatypeMismatch",
+    "3D000": "InvalidCatalogName",
+    "3F000": "InvalidSchemaName",
+    "28P01": "InvalidPassword",
+    "0A000": "FeatureNotSupported",
+    "54011": "TooManyColumns",
 }
 
 
@@ -62,7 +74,7 @@ def test_transient_sqlstates(sqlstate: str) -> None:
     assert out.sqlstate == sqlstate
     assert out.error_class == type(exc).__name__
     assert "administrator command" in str(out)
-    assert is_transient_sqlstate(sqlstate)
+    assert not is_row_error(sqlstate, "terminating connection due to administrator command")
 
 
 @pytest.mark.parametrize("sqlstate", ["08006", "40001", "40P01", "53300", "57P01", "57014"])
@@ -70,6 +82,22 @@ def test_transient_required_by_the_issue(sqlstate: str) -> None:
     """The codes the issue names explicitly (connection, serialization, deadlock, too many
     connections, admin shutdown, statement timeout)."""
     assert isinstance(classify(server_error(sqlstate)), TransientError)
+
+
+def test_row_level_security_violation_is_the_rows_own() -> None:
+    out = classify(server_error("42501", 'new row violates row-level security policy for table "orders"'))
+    assert isinstance(out, PermanentError) and out.sqlstate == "42501"
+    assert out.error_class == "row_level_security_violation"
+    denied = classify(server_error("42501", "permission denied for table orders"))
+    assert isinstance(denied, TransientError) and "permission denied" in str(denied)
+
+
+def test_error_without_sqlstate_on_a_healthy_connection_is_unclassified() -> None:
+    exc = psycopg.OperationalError("sending query and params failed: number of parameters must be between 0 and 65535")
+    out = classify(exc, healthy=True)
+    assert isinstance(out, UnclassifiedError) and not isinstance(out, (TransientError, PermanentError))
+    assert "65535" in str(out)
+    assert isinstance(classify(exc, healthy=False), TransientError)
 
 
 def test_operational_error_without_sqlstate_is_a_connection_error() -> None:
@@ -122,12 +150,12 @@ def test_real_connection_refused_is_transient_and_hides_the_dsn() -> None:
     assert "postgresql://" not in text
 
 
-def test_transient_table_membership() -> None:
-    assert {"08", "53"} <= TRANSIENT_CLASSES
-    assert {"40001", "40P01", "57014", "57P01", "57P02", "57P03"} <= TRANSIENT_CODES
-    assert is_transient_sqlstate(None)
-    assert not is_transient_sqlstate("23505")
-    assert not is_transient_sqlstate("22001")
+def test_row_error_table_membership() -> None:
+    assert {"22", "23", "P0"} <= PERMANENT_CLASSES
+    assert not {"08", "25", "28", "40", "42", "53", "55", "57", "58", "XX"} & PERMANENT_CLASSES
+    assert PERMANENT_CODES == {"40002"} and TRANSIENT_CODES == {"54011"}
+    assert is_row_error("23505") and is_row_error("22001") and is_row_error("54000")
+    assert not is_row_error("40001") and not is_row_error("54011") and not is_row_error("42501", "permission denied")
 
 
 # --------------------------------------------------------------------------- permanent
@@ -143,8 +171,11 @@ PERMANENT_SQLSTATES = {
     "23505": ("UniqueViolation", "integrity_constraint_violation"),
     "23514": ("CheckViolation", "integrity_constraint_violation"),
     "23P01": ("ExclusionViolation", "integrity_constraint_violation"),
-    "42703": ("UndefinedColumn", "syntax_error_or_access_rule_violation"),
-    "42P01": ("UndefinedTable", "syntax_error_or_access_rule_violation"),
+    "40002": ("TransactionIntegrityConstraintViolation", "database_error"),  # a deferred constraint at commit
+    "54000": ("ProgramLimitExceeded", "program_limit_exceeded"),  # e.g. an index row too large
+    "P0001": ("RaiseException", "raised_by_trigger"),
+    "P0004": ("AssertFailure", "raised_by_trigger"),
+    "44000": ("WithCheckOptionViolation", "database_error"),
 }
 
 
@@ -158,22 +189,21 @@ def test_permanent_sqlstates(sqlstate: str) -> None:
     assert out.sqlstate == sqlstate
     assert out.error_class == error_class
     assert 'relation "orders"' in str(out)
-    assert not is_transient_sqlstate(sqlstate)
+    assert is_row_error(sqlstate)
 
 
-@pytest.mark.parametrize("sqlstate", ["22001", "22P02", "23502", "23503", "23505", "23514", "42703"])
+@pytest.mark.parametrize("sqlstate", ["22001", "22P02", "23502", "23503", "23505", "23514"])
 def test_permanent_required_by_the_issue(sqlstate: str) -> None:
     out = classify(server_error(sqlstate))
     assert isinstance(out, PermanentError)
     assert out.sqlstate == sqlstate
 
 
-def test_unknown_sqlstate_class_is_permanent_database_error() -> None:
+def test_a_sqlstate_no_row_can_cause_is_an_outage() -> None:
     exc = server_error("0A000")  # feature_not_supported
     out = classify(exc)
-    assert isinstance(out, PermanentError)
+    assert isinstance(out, TransientError)
     assert out.sqlstate == "0A000"
-    assert out.error_class == "database_error"
 
 
 def test_client_side_data_error_without_sqlstate_is_permanent() -> None:
@@ -191,7 +221,7 @@ def test_client_side_data_error_without_sqlstate_is_permanent() -> None:
 def test_non_driver_errors_are_permanent_client_errors(exc: BaseException) -> None:
     out = classify(exc)
     assert isinstance(out, PermanentError)
-    assert out.error_class == "client_error"
+    assert out.error_class == "client_data_error"
     assert type(exc).__name__ in str(out)
 
 
@@ -211,8 +241,8 @@ def test_every_sqlstate_psycopg_knows_is_classified_consistently() -> None:
     for sqlstate, cls in classes.items():
         assert psycopg.errors.lookup(sqlstate) is cls
         out = classify(cls("x"))
-        expect_transient = sqlstate[:2] in TRANSIENT_CLASSES or sqlstate in TRANSIENT_CODES
-        assert isinstance(out, TransientError if expect_transient else PermanentError), sqlstate
+        expect_row = (sqlstate[:2] in PERMANENT_CLASSES or sqlstate in PERMANENT_CODES) and sqlstate not in TRANSIENT_CODES
+        assert isinstance(out, PermanentError if expect_row else TransientError), sqlstate
         assert out.sqlstate == sqlstate
         if sqlstate[:2] == "22":
             assert isinstance(out, PermanentError), f"data exception {sqlstate} must be permanent"

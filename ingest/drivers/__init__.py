@@ -1,0 +1,1 @@
+"""Driver glue shared by several adapters of one backend (error translation, connection checks)."""
