@@ -49,7 +49,9 @@ EXIT_FAILED, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_ABORTED = 1, 2, 3, 130
 
 
 def _fail(code: int, message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
+    from ingest.redact import scrub
+
+    typer.echo(f"error: {scrub(message)}", err=True)
     return typer.Exit(code)
 
 
@@ -332,6 +334,8 @@ def run(
             f"{s.records_consumed / elapsed if elapsed > 0 else 0:.0f} records/s over {elapsed:.1f} s",
             err=True,
         )
+    from ingest.redact import scrub
+
     if summary_json is not None:
         import orjson
 
@@ -339,13 +343,13 @@ def run(
             "elapsed_s": round(elapsed, 3),
             "peak_rss_bytes": _peak_rss_bytes(),
             "pipelines": {pl.settings.name: pl.stats.as_dict() for pl, _ in built},
-            "errors": {name: str(exc) for name, exc in errors.items()},
+            "errors": {name: scrub(str(exc)) for name, exc in errors.items()},
         }
         summary_json.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     if abort.is_set():
         raise typer.Exit(EXIT_ABORTED)
     for name, exc in errors.items():
-        typer.echo(f"error: pipeline {name}: {exc}", err=True)
+        typer.echo(f"error: pipeline {name}: {scrub(str(exc))}", err=True)
     if errors:
         raise typer.Exit(EXIT_FAILED)
 
@@ -702,7 +706,9 @@ def main() -> None:
     try:
         app()
     except IngestError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        from ingest.redact import scrub
+
+        typer.echo(f"error: {scrub(str(exc))}", err=True)
         sys.exit(EXIT_FAILED if not isinstance(exc, ConfigError) else EXIT_CONFIG)
 
 

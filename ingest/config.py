@@ -205,6 +205,24 @@ def ch_type(type_name: str) -> ChType:
     return result
 
 
+def check_dsn_syntax(dsn: SecretStr | None) -> SecretStr | None:
+    """A PostgreSQL DSN libpq can parse; the error never quotes it (libpq's own message quotes the token
+    it could not parse, which can be a piece of the password)."""
+    if dsn is None:
+        return None
+    from psycopg import conninfo
+
+    try:
+        conninfo.conninfo_to_dict(dsn.get_secret_value())
+    except Exception:  # noqa: BLE001 - psycopg.ProgrammingError carries libpq's text: never shown
+        raise ValueError(
+            "not a valid PostgreSQL connection string: use a URL (postgresql://user:password@host:port/db, "
+            "with reserved characters of the password percent-encoded, e.g. % as %25, @ as %40, "
+            "space as %20) or key=value pairs (password='quoted if it holds spaces or quotes')"
+        ) from None
+    return dsn
+
+
 def _check_identifier(name: str) -> str:
     """Names reach SQL only through identifier quoting; here we only forbid what can never work."""
     if not name or "\x00" in name or len(name.encode()) > 63:
@@ -213,7 +231,8 @@ def _check_identifier(name: str) -> str:
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # hide_input_in_errors: a validation error's text never carries the value (it may be a secret).
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
 class KafkaSettings(Frozen):
@@ -345,7 +364,12 @@ class PostgresSink(_SinkBase):
     #: same transaction as the rows (see ingest/exactly_once.py); needs the DLQ in this database.
     delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, hide_input_in_errors=True)
+
+    @field_validator("dsn")
+    @classmethod
+    def _dsn(cls, value: SecretStr) -> SecretStr:
+        return check_dsn_syntax(value)  # type: ignore[return-value]
 
     @model_validator(mode="before")
     @classmethod
@@ -562,12 +586,17 @@ class DlqSettings(Frozen):
     #: Loop guard of ``replay-dlq``: an entry that failed this many replays is given up.
     max_replays: int = Field(default=3, ge=1)
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, hide_input_in_errors=True)
 
     @field_validator("table")
     @classmethod
     def _table_name(cls, value: str) -> str:
         return _check_identifier(value)
+
+    @field_validator("dsn")
+    @classmethod
+    def _dsn(cls, value: SecretStr | None) -> SecretStr | None:
+        return check_dsn_syntax(value)
 
     @model_validator(mode="after")
     def _topic(self) -> DlqSettings:
@@ -637,7 +666,7 @@ class Settings(BaseSettings):
     """The whole configuration file."""
 
     model_config = SettingsConfigDict(
-        env_prefix="INGEST_", env_nested_delimiter="__", extra="forbid", frozen=True
+        env_prefix="INGEST_", env_nested_delimiter="__", extra="forbid", frozen=True, hide_input_in_errors=True
     )
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
@@ -722,4 +751,7 @@ def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
         loaded = _FileSettings()
     except ValidationError as exc:
         raise ConfigError(_format_error(str(file), exc, data)) from None
+    from ingest.redact import register_settings
+
+    register_settings(loaded)  # every secret of it is masked in output and logs from now on
     return loaded

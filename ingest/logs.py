@@ -2,8 +2,10 @@
 
 Modules log with the standard library (``log.info("event", extra={...})``);
 this module only installs the formatter. Fields passed in ``extra`` (pipeline,
-partition, offset, lane, error, ...) become JSON keys. Nothing here knows any
-secret: adapters never put DSNs or credentials into log records.
+partition, offset, lane, error, ...) become JSON keys. Adapters never put DSNs
+or credentials into log records, and the handler scrubs every record of the
+configured secrets anyway (:class:`ingest.redact.RedactingFilter`): a driver's
+message may quote a piece of a malformed DSN.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class JsonFormatter(logging.Formatter):
             event["process"] = self._process
         if record.exc_info:
             event["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            event["exception"] = record.exc_text
         return orjson.dumps(event, default=str).decode()
 
 
@@ -63,6 +67,8 @@ class ConsoleFormatter(logging.Formatter):
         line = f"{stamp} {record.levelname:<7} {record.getMessage()}" + (f"  {extra}" if extra else "")
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
+        elif record.exc_text:
+            line += "\n" + record.exc_text
         return line
 
 
@@ -70,8 +76,11 @@ def setup_logging(level: str = "info", *, json_output: bool | None = None) -> No
     """Install the root handler on stderr. ``json_output=None`` picks JSON unless stderr is a TTY."""
     if json_output is None:
         json_output = not sys.stderr.isatty()
+    from ingest.redact import RedactingFilter
+
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if json_output else ConsoleFormatter())
+    handler.addFilter(RedactingFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

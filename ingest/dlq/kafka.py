@@ -29,6 +29,7 @@ from confluent_kafka import KafkaError, Producer
 from ingest.config import KafkaSettings
 from ingest.dlq.base import DlqEntry
 from ingest.errors import TransientError
+from ingest.redact import scrub
 
 PROVENANCE_PREFIX = "ingest."
 
@@ -42,7 +43,7 @@ def provenance_headers(entry: DlqEntry, failed_at_ms: int) -> list[tuple[str, by
         ("ingest.offset", str(rec.offset)),
         ("ingest.stage", failure.stage),
         ("ingest.error_class", failure.error_class),
-        ("ingest.error_message", failure.message[:4000]),
+        ("ingest.error_message", scrub(failure.message)[:4000]),
         ("ingest.failed_at", str(failed_at_ms)),
     ]
     if rec.timestamp_ms is not None:

@@ -22,6 +22,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ingest.dlq.base import DlqEntry
 from ingest.errors import TransientError
 from ingest.drivers.postgres import classify
+from ingest.redact import scrub
 
 _COLUMNS = (
     "pipeline", "topic", "partition", "offset", "record_timestamp", "key", "value",
@@ -65,7 +66,7 @@ def entry_row(entry: DlqEntry) -> tuple[Any, ...]:
     return (
         entry.pipeline, rec.topic, rec.partition, rec.offset, ts, rec.key, rec.value,
         headers_json(rec.headers), entry.failure.stage, entry.failure.error_class,
-        entry.failure.message.replace("\x00", "\\0")[:4000], entry.failure.sqlstate, replays_of(rec.headers),
+        scrub(entry.failure.message).replace("\x00", "\\0")[:4000], entry.failure.sqlstate, replays_of(rec.headers),
     )
 
 

@@ -23,6 +23,7 @@ from psycopg.rows import dict_row
 
 from ingest.dlq.postgres import headers_from_json
 from ingest.errors import ConfigError
+from ingest.redact import scrub
 from ingest.types import Failure, Record
 
 _OFFSET_RANGE = re.compile(r"^(?:(\d+):)?(\d+)?-(\d+)?$")
@@ -170,7 +171,7 @@ class DlqStore:
         with conn.cursor() as cur:
             cur.executemany(
                 query,
-                [(f.stage, f.error_class, f.message[:4000], f.sqlstate, max_replays, i) for i, f in failures],
+                [(f.stage, f.error_class, scrub(f.message)[:4000], f.sqlstate, max_replays, i) for i, f in failures],
             )
 
     def give_up(self, conn: psycopg.Connection[Any], ids: Sequence[int]) -> None:
