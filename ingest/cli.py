@@ -104,7 +104,7 @@ def check(config: ConfigOpt = None, log_level: LogLevelOpt = "warning") -> None:
         for p in settings.pipelines:
             _build_sink(p, lanes=1).check()
             typer.echo(f"ok   pipeline {p.name}: sink {p.sink.kind} table {p.sink.table}")
-            if p.dlq.kind == "postgres":
+            if p.dlq.uses_postgres_table:
                 from ingest.migrate import dlq_dsn
                 from ingest.drivers.postgres import check_dsn
 
@@ -149,14 +149,17 @@ def _build_sink(p: PipelineSettings, *, lanes: int) -> Any:
 
 
 def _build_dlq(settings: Settings, p: PipelineSettings) -> Any:
-    if p.dlq.kind == "postgres":
-        from ingest.dlq.postgres import PostgresDlq
-        from ingest.migrate import dlq_dsn
+    from ingest.dlq.postgres import PostgresDlq
+    from ingest.migrate import dlq_dsn
 
-        return PostgresDlq(dlq_dsn(p), p.dlq.db_schema, p.dlq.table, pool_size=max(2, p.lanes))
+    table = None
+    if p.dlq.uses_postgres_table:
+        table = PostgresDlq(dlq_dsn(p), p.dlq.db_schema, p.dlq.table, pool_size=max(2, p.lanes))
+    if p.dlq.kind == "postgres":
+        return table
     from ingest.dlq.kafka import KafkaDlq
 
-    return KafkaDlq(settings.kafka, p.dlq.topic or "")
+    return KafkaDlq(settings.kafka, p.dlq, oversized=table, stored_in=f"postgres:{p.dlq.db_schema}.{p.dlq.table}")
 
 
 def _sink_identity(p: PipelineSettings) -> str:

@@ -585,6 +585,15 @@ class DlqSettings(Frozen):
     window: int = Field(default=1000, ge=1)
     #: Loop guard of ``replay-dlq``: an entry that failed this many replays is given up.
     max_replays: int = Field(default=3, ge=1)
+    #: Kafka DLQ: the largest message the DLQ topic takes (its ``max.message.bytes``; Kafka's
+    #: default is 1 MiB), compressed, with the provenance headers.
+    max_message_bytes: int = Field(default=1_048_576, ge=1024, le=1_000_000_000)
+    #: Kafka DLQ: how the DLQ producer compresses (a record that fitted the source topic gains headers).
+    compression: Literal["zstd", "lz4", "gzip", "snappy", "none"] = "zstd"
+    #: Kafka DLQ: a record too large for the DLQ topic even compressed. ``stop``: the pipeline stops
+    #: without committing it, naming the record, the limit and the fix; ``postgres``: it is stored whole
+    #: in the PostgreSQL DLQ table (``dsn``, ``schema``, ``table``) and the topic gets a reference to it.
+    oversized: Literal["stop", "postgres"] = "stop"
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, hide_input_in_errors=True)
 
@@ -592,6 +601,11 @@ class DlqSettings(Frozen):
     @classmethod
     def _table_name(cls, value: str) -> str:
         return _check_identifier(value)
+
+    @property
+    def uses_postgres_table(self) -> bool:
+        """A PostgreSQL DLQ table is written: the DLQ itself, or the Kafka DLQ's place for oversized records."""
+        return self.kind == "postgres" or self.oversized == "postgres"
 
     @field_validator("dsn")
     @classmethod
@@ -602,6 +616,8 @@ class DlqSettings(Frozen):
     def _topic(self) -> DlqSettings:
         if self.kind == "kafka" and not self.topic:
             raise ValueError("dlq.topic is required when dlq.kind is 'kafka'")
+        if self.kind == "postgres" and self.oversized != "stop":
+            raise ValueError("dlq.oversized applies to dlq.kind kafka (a PostgreSQL DLQ takes any record)")
         return self
 
 
@@ -637,6 +653,12 @@ class PipelineSettings(Frozen):
     @property
     def effective_group_id(self) -> str:
         return self.group_id or f"ingest-{self.name}"
+
+    @model_validator(mode="after")
+    def _dlq_database(self) -> PipelineSettings:
+        if self.dlq.uses_postgres_table and self.dlq.dsn is None and not isinstance(self.sink, PostgresSink):
+            raise ValueError("dlq.dsn is required: the DLQ writes a PostgreSQL table and the sink is not PostgreSQL")
+        return self
 
     @model_validator(mode="after")
     def _exactly_once(self) -> PipelineSettings:

@@ -169,7 +169,7 @@ def migrate_pipeline(p: PipelineSettings) -> list[str]:
         from ingest.sinks.clickhouse import migrate_clickhouse  # noqa: PLC0415 - optional backend
 
         done.extend(migrate_clickhouse(p))
-    if p.dlq.kind == "postgres":
+    if p.dlq.uses_postgres_table:
         _execute(dlq_dsn(p), f"postgres DLQ of pipeline {p.name!r}", dlq_table_sql(p.dlq.db_schema, p.dlq.table))
         done.append(f"{p.name}: DLQ table {p.dlq.db_schema}.{p.dlq.table}")
     return done

@@ -290,7 +290,7 @@ def test_migrate_creates_tables(tmp_path, kafka_bootstrap, pg_dsn):
     assert cols["status"][:2] == ("text", "YES")
     assert cols["amount"] == ("numeric", "YES", 12, 2)
     assert cols["updated_at"][:2] == ("timestamp with time zone", "YES")
-    assert cols["kafka_offset"][:2] == ("bigint", "YES")
+    assert cols["kafka_offset"][:2] == ("bigint", "NO"), "the version column is required"
     assert primary_key_of(pg_dsn, "orders") == ["order_id"]
 
     dlq_cols = columns_of(pg_dsn, "ingest_dlq")
@@ -320,7 +320,7 @@ def test_migrate_creates_tables(tmp_path, kafka_bootstrap, pg_dsn):
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         for status in ("new", "paid"):
             conn.execute(
-                "INSERT INTO orders (order_id, status, amount) VALUES (1, %s, 9.99) "
+                "INSERT INTO orders (order_id, status, amount, kafka_offset) VALUES (1, %s, 9.99, 0) "
                 "ON CONFLICT (order_id) DO UPDATE SET status = EXCLUDED.status", (status,))
         assert conn.execute("SELECT order_id, status FROM orders").fetchall() == [(1, "paid")]
 
@@ -331,7 +331,7 @@ def test_migrate_twice_is_idempotent(tmp_path, kafka_bootstrap, pg_dsn):
     assert first.returncode == 0, first.stdout + first.stderr
     snapshot = catalog_snapshot(pg_dsn)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO orders (order_id, status) VALUES (7, 'kept')")
+        conn.execute("INSERT INTO orders (order_id, status, kafka_offset) VALUES (7, 'kept', 0)")
     second = ingest("migrate", "--config", path)
     assert second.returncode == 0, second.stdout + second.stderr
     assert catalog_snapshot(pg_dsn) == snapshot

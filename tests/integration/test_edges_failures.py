@@ -93,9 +93,9 @@ def test_error_without_sqlstate_on_a_healthy_connection_stops_the_pipeline(pg_ds
 # --------------------------------------------------------------------------- finding 6
 
 
-def _kafka_dlq_config(tmp_path: Path, bootstrap: str, topic: str, group: str, dsn: str, dlq_topic: str,
+def _kafka_dlq_config(tmp_path: Path, bootstrap: str, topic: str, group: str, sink_dsn: str, dlq_topic: str,
                       **dlq: Any) -> Path:
-    cfg = pipeline_config(bootstrap=bootstrap, topic=topic, group=group, dsn=dsn,
+    cfg = pipeline_config(bootstrap=bootstrap, topic=topic, group=group, dsn=sink_dsn,
                           batch={"max_rows": 500, "max_latency_ms": 200},
                           retry={"max_attempts": 3, "initial_backoff_ms": 50, "max_backoff_ms": 200})
     cfg["pipelines"][0]["dlq"] = {"kind": "kafka", "topic": dlq_topic, **dlq}
@@ -119,7 +119,6 @@ def _read_all(bootstrap: str, topic: str, expect: int, timeout_s: float = 30) ->
 BIG_PRODUCER = {"message.max.bytes": 20_000_000, "client.id": "big-producer"}
 
 
-@pytest.mark.xfail(strict=True, reason="finding 6: the Kafka DLQ producer cannot take a large record")
 def test_kafka_dlq_takes_a_large_poison_record_whole(kafka_bootstrap, pg_dsn, new_topic, group_id, tmp_path):
     """A 1.5 MB poison record (compressible, as most JSON is) fits the source topic; the DLQ
     producer compresses it and sizes its limit to match, so it is dead-lettered whole."""
@@ -135,7 +134,6 @@ def test_kafka_dlq_takes_a_large_poison_record_whole(kafka_bootstrap, pg_dsn, ne
     assert committed_offsets(kafka_bootstrap, group_id, topic) == {0: 11}
 
 
-@pytest.mark.xfail(strict=True, reason="finding 6: no fallback for a record the DLQ topic cannot take")
 def test_kafka_dlq_record_that_can_never_fit_stops_or_falls_back(kafka_bootstrap, pg_dsn, new_topic, group_id,
                                                                  tmp_path):
     """An incompressible 300 kB poison record against a 100 kB DLQ limit: by default the pipeline

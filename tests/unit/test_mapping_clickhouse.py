@@ -296,7 +296,8 @@ def test_config_errors_name_the_field(tmp_path: Path, sink: dict[str, Any], wher
 
 
 def test_types_normalise_in_the_model() -> None:
-    p = PipelineSettings.model_validate({"name": "x", "topics": ["t"], "sink": {
+    p = PipelineSettings.model_validate({"name": "x", "topics": ["t"], "dlq": {"kind": "kafka", "topic": "dlq"},
+                                         "sink": {
         "kind": "clickhouse", "url": "http://h:8123", "order_by": ["id"], "table": "t",
         "columns": {"id": {"type": "UInt64"}, "d": {"type": "Decimal( 12 ,2 )"}},
     }})
