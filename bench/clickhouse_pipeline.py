@@ -55,8 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ingest.config import PipelineSettings  # noqa: E402
 from ingest.core.mapping import Mapper  # noqa: E402
 from ingest.embedded import start_all  # noqa: E402
-from ingest.sinks.ch_arrow import ArrowEncoder  # noqa: E402
-from ingest.sinks.clickhouse import create_table_sql  # noqa: E402
+from ingest.sinks.clickhouse.arrow import ArrowEncoder  # noqa: E402
+from ingest.sinks.clickhouse.schema import create_table_sql  # noqa: E402
 from ingest.tuning import tune_for_throughput  # noqa: E402
 from ingest.types import Item  # noqa: E402
 from ingest.writer import BatchWriter  # noqa: E402
@@ -139,7 +139,7 @@ def write_path(path: Path, items: list[Item], settings: PipelineSettings) -> Win
     import threading
 
     from ingest.config import RetrySettings
-    from ingest.sinks.clickhouse import ClickHouseSink
+    from ingest.sinks.clickhouse.sink import ClickHouseSink
 
     sink = ClickHouseSink(settings.sink, pipeline=settings.name)
     try:
@@ -147,7 +147,8 @@ def write_path(path: Path, items: list[Item], settings: PipelineSettings) -> Win
         for stmt in create_table_sql(settings.sink):
             client.command(stmt)
         writer = BatchWriter(pipeline=settings.name, write=sink.write, dlq=_NoDlq(), retry=RetrySettings(),
-                             collapse_rule=settings.sink.collapse_rule(), abort=threading.Event())
+                             collapse_rule=settings.sink.collapse_rule(), abort=threading.Event(),
+                             insert_tokens=True)
         window = Window()
         window.start()
         for i in range(0, len(items), BATCH_ROWS):

@@ -51,7 +51,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ingest.config import PostgresSink as PostgresSinkSettings  # noqa: E402
+from ingest.sinks.postgres.settings import PostgresSinkSettings  # noqa: E402
 from ingest.core.mapping import Mapper  # noqa: E402
 from ingest.embedded import start_all  # noqa: E402
 

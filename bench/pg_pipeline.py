@@ -47,10 +47,10 @@ from confluent_kafka import Consumer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ingest.config import PostgresSink as PostgresSinkSettings  # noqa: E402
+from ingest.sinks.postgres.settings import PostgresSinkSettings  # noqa: E402
 from ingest.core.mapping import Mapper  # noqa: E402
 from ingest.embedded import start_all  # noqa: E402
-from ingest.sinks.postgres import PostgresSink  # noqa: E402
+from ingest.sinks.postgres.sink import PostgresSink  # noqa: E402
 from ingest.tuning import tune_for_throughput  # noqa: E402
 from ingest.types import Record  # noqa: E402
 

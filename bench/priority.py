@@ -242,8 +242,8 @@ def main() -> None:
             w = p["wait"]
             cells.append(f"{w['p50']:>7.3f}{w['p95']:>7.3f}{w['p99']:>7.3f}{w['max']:>7.3f}{p['drained_s']:>8.1f}s")
         print(f"{name:<11}{priority:>5}    {cells[0]}   {cells[1]}")
-    print(f"\nqueue wait in seconds per batch; drained = last row of the pipeline in, seconds after the pass's "
-          f"first write")
+    print("\nqueue wait in seconds per batch; drained = last row of the pipeline in, seconds after the pass's "
+          "first write")
     print(f"all drained after {with_p['total_s']:.1f} s with priorities, {without['total_s']:.1f} s without; "
           f"most writes at once seen by the database: {with_p['max_concurrent']} / {without['max_concurrent']} "
           f"(budget {args.slots}); bench {elapsed:.0f} s")

@@ -94,7 +94,6 @@ def make_events(n_orders: int, seed: int = 7) -> tuple[list[tuple[bytes, bytes]]
 
 def run_demo(n_orders: int = 20_000, keep: bool = False) -> int:
     """Run the demo; returns the process exit code (0 when the table matches the stream)."""
-    from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from ingest.config import load_settings
@@ -125,7 +124,8 @@ def run_demo(n_orders: int = 20_000, keep: bool = False) -> int:
                 # A business rule the stream sometimes breaks: such rows are isolated into the DLQ.
                 conn.execute("ALTER TABLE orders DROP CONSTRAINT IF EXISTS amount_positive")
                 conn.execute("ALTER TABLE orders ADD CONSTRAINT amount_positive CHECK (amount > 0)")
-            pipeline, resources = _build(settings, pipeline_cfg)
+            built = _build(settings, pipeline_cfg)
+            pipeline = built.pipeline
             started = time.monotonic()
             thread = threading.Thread(target=pipeline.run, name="demo-pipeline", daemon=True)
             with console.status("") as status:
@@ -136,8 +136,7 @@ def run_demo(n_orders: int = 20_000, keep: bool = False) -> int:
                                   f"{s.rows_written:,}  dead-lettered {s.dead_lettered_total}")
                     thread.join(0.2)
             elapsed = time.monotonic() - started
-            for r in resources:
-                r.close()
+            built.close()
             lag = _committed_lag(settings, pipeline_cfg)
             return _report(console, services.pg_dsn, pipeline.stats, expected, poison, lag, elapsed)
     finally:
@@ -186,10 +185,12 @@ def _committed_lag(settings: Any, p: Any) -> int:
         consumer.close()
 
 
-def _build(settings: Any, p: Any) -> tuple[Any, list[Any]]:
-    from ingest.cli import _build_pipeline
+def _build(settings: Any, p: Any) -> Any:
+    from ingest.cli.build import build_pipeline
+    from ingest.runner import RunOptions
 
-    return _build_pipeline(settings, p, threading.Event(), threading.Event(), until_idle=2.0)
+    return build_pipeline(settings, p, stop=threading.Event(), abort=threading.Event(),
+                          options=RunOptions(until_idle_s=2.0))
 
 
 def _report(console: Console, dsn: str, stats: Any, expected: dict[int, dict[str, Any]], poison: int,

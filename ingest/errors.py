@@ -7,6 +7,7 @@
     ├── InvalidRecord         a record that cannot be decoded or mapped: DLQ (stage decode / map)
     ├── ConfigError           bad configuration (CLI exit code 2)
     ├── ServiceUnreachable    a broker or database in the config does not answer (exit code 3)
+    ├── MigrationError        the database refused migrate's DDL (exit code 1)
     └── FatalPipelineError    the pipeline must stop (exit code 1)
 
 - :class:`TransientError`: the operation may succeed if retried unchanged
@@ -85,6 +86,10 @@ class ServiceUnreachable(IngestError):
     def __init__(self, service: str, message: str) -> None:
         super().__init__(f"{service}: {message}")
         self.service = service
+
+
+class MigrationError(IngestError):
+    """The database refused a migration statement (exit 1, the message names the pipeline and object)."""
 
 
 class FatalPipelineError(IngestError):

@@ -433,17 +433,17 @@ def collect_lag(
 
 def _stored_offsets(p: PipelineSettings) -> dict[PartitionKey, int] | None:
     """Exactly-once pipelines keep their offsets in the sink database: read those (None otherwise)."""
-    from ingest.config import PostgresSink
+    from ingest.sinks import registry
 
-    if not (isinstance(p.sink, PostgresSink) and p.sink.delivery == "exactly_once"):
+    store = registry.backend(p.sink.kind).offset_store(p)
+    if store is None:
         return None
-    from ingest.exactly_once import StoredOffsets
-
-    store = StoredOffsets(p.sink.dsn.get_secret_value(), p.sink.db_schema, p.name)
     try:
         return {(tp.topic, tp.partition): off for tp, off in store.load_all().items()}
     except IngestError as exc:
-        raise ServiceUnreachable(f"postgres sink of pipeline {p.name!r}", str(exc)) from None
+        raise ServiceUnreachable(f"the offsets of pipeline {p.name!r}", str(exc)) from None
+    finally:
+        store.close()
 
 
 # --------------------------------------------------------------------------- rendering

@@ -177,7 +177,7 @@ class Replayer:
             batch_rows = [c.row for c in piece]
             ids = [entry_id for c in piece for entry_id in settles[id(c)]]
             if self._same_db:
-                self._sink.write(batch_rows, tx_hook=lambda conn: self._store.mark_replayed(conn, ids, purge=self._purge))
+                self._sink.write(batch_rows, in_tx=lambda conn: self._store.mark_replayed(conn, ids, purge=self._purge))
             else:
                 self._sink.write(batch_rows)
                 with self._store.connect() as conn:

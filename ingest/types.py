@@ -72,6 +72,11 @@ class Failure:
     message: str
     sqlstate: str | None = None
 
+    @classmethod
+    def from_write_error(cls, exc: Any) -> Failure:
+        """The failure of a row the database rejected on its own (a PermanentError)."""
+        return cls("write", exc.error_class, str(exc), exc.sqlstate)
+
 
 @dataclass(slots=True)
 class Item:

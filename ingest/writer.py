@@ -20,7 +20,6 @@ error and no offsets: nothing of that batch will be committed.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import itertools
 import logging
 import operator
@@ -29,7 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ContextManager
+from typing import ContextManager
 
 from tenacity import Retrying
 
@@ -38,30 +37,14 @@ from ingest.core.collapse import CollapseRule, collapse
 from ingest.core.isolation import write_groups_isolating
 from ingest.dlq.base import DeadLetterQueue, DlqEntry
 from ingest.errors import FatalPipelineError, PermanentError, TransientError, UnclassifiedError
-from ingest.sinks.base import dedup_token
 from ingest.retry import retrying
+from ingest.sinks.base import ExactlyOnceFn, dedup_token
 from ingest.types import Failure, Item, Partition
 
 log = logging.getLogger(__name__)
 
-#: Exactly-once batch: (lane, items, plan) -> (rows written, DLQ entries, write calls, skipped records),
-#: all in one transaction (see ingest.exactly_once and PostgresSink.exactly_once_writer).
-ExactlyOnceFn = Callable[..., tuple[int, list[Any], int, int]]
-
-#: A sink write: rows in one transaction (see ingest.sinks.base.Sink.write). When it has a
-#: ``token`` parameter it also gets ``token=`` (ingest.sinks.base.dedup_token of the rows' records),
-#: unless it is a method of an object whose ``dedup_tokens`` attribute is False (PostgresSink:
-#: its upsert needs no token, so none is computed).
+#: A sink write: rows in one transaction (:meth:`ingest.sinks.base.Sink.write`).
 WriteFn = Callable[..., None]
-
-
-def _accepts_token(write: WriteFn) -> bool:
-    if getattr(getattr(write, "__self__", None), "dedup_tokens", True) is False:
-        return False
-    try:
-        return "token" in inspect.signature(write).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 @dataclass(slots=True)
@@ -101,10 +84,13 @@ class BatchWriter:
         collapse_rule: CollapseRule,
         abort: threading.Event,
         exactly_once: ExactlyOnceFn | None = None,
+        insert_tokens: bool = False,
     ) -> None:
+        """``insert_tokens``: the sink deduplicates inserts by token (its capabilities say so): pass
+        ``token=`` (:func:`~ingest.sinks.base.dedup_token` of the records behind the rows) to ``write``."""
         self._pipeline = pipeline
         self._write = write
-        self._pass_token = _accepts_token(write)
+        self._pass_token = insert_tokens
         self._dlq = dlq
         self._retry = retry
         self._rule = collapse_rule
@@ -208,7 +194,7 @@ class BatchWriter:
         written, poison = write_groups_isolating(groups, write_piece)
         result.write_calls = calls[0]
         for item, exc in poison:
-            failures.append(DlqEntry(self._pipeline, item.record, _write_failure(exc)))
+            failures.append(DlqEntry(self._pipeline, item.record, Failure.from_write_error(exc)))
         result.rows_written = len(written)
         if failures:
             for attempt in self._retrying("dlq write", retries):
@@ -222,11 +208,11 @@ class BatchWriter:
         assert eo is not None
         for attempt in self._retrying("exactly-once batch", retries):
             with attempt:
-                written, failures, calls, skipped = eo(lane, items, self.plan)
-        result.rows_written = written
-        result.write_calls = calls
-        result.skipped = skipped
-        return failures
+                done = eo(lane, items)
+        result.rows_written = done.rows_written
+        result.write_calls = done.write_calls
+        result.skipped = done.already_written
+        return done.dead_letters
 
 
 _size_of = operator.attrgetter("size_bytes")
@@ -249,7 +235,3 @@ def _collect_done(items: Sequence[Item], done: dict[tuple[Partition, int], list[
 @contextlib.contextmanager
 def _no_slot() -> Iterator[float]:
     yield 0.0
-
-
-def _write_failure(exc: PermanentError) -> Failure:
-    return Failure(stage="write", error_class=exc.error_class, message=str(exc), sqlstate=exc.sqlstate)

@@ -58,7 +58,8 @@ from uuid import UUID
 
 import orjson
 
-from ingest.config import CH_INT_RANGES, ChType, ColumnSpec, ch_type, pg_base_type
+from ingest.config.base import ColumnSpec
+from ingest.core.dialects import CH_INT_RANGES, ChType, ch_type, pg_base_type
 from ingest.core.fastmap import FastColumn, compile_fast_map
 from ingest.errors import InvalidRecord
 from ingest.types import Record

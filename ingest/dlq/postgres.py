@@ -9,6 +9,7 @@ and whose error fields show the latest failure.
 from __future__ import annotations
 
 import base64
+import hashlib
 import threading
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -21,7 +22,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ingest.dlq.base import DlqEntry
 from ingest.errors import TransientError
-from ingest.drivers.postgres import classify
+from ingest.drivers.postgres import classify, execute_ddl, load_sql
 from ingest.redact import scrub
 
 _COLUMNS = (
@@ -133,3 +134,39 @@ class PostgresDlq:
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
+
+
+# --------------------------------------------------------------------------- migrate
+
+
+def derived_name(table: str, suffix: str) -> str:
+    """``<table>_<suffix>`` as a PostgreSQL name (≤ 63 bytes), distinct per suffix and never equal to ``table``.
+
+    Long names keep a byte-safe prefix of the table plus a short hash of the whole name.
+    """
+    name = f"{table}_{suffix}"
+    if len(name.encode()) <= 63:
+        return name
+    digest = hashlib.sha1(table.encode()).hexdigest()[:8]
+    room = 63 - len(suffix) - len(digest) - 2
+    prefix = table.encode()[:room].decode("utf-8", "ignore")
+    return f"{prefix}_{digest}_{suffix}"
+
+
+def dlq_table_sql(schema: str, table: str) -> list[sql.Composable]:
+    return [
+        sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)),
+        load_sql(
+            "dlq_postgres.sql",
+            schema=schema,
+            table=table,
+            uniq=derived_name(table, "record_key"),
+            idx_time=derived_name(table, "pipeline_time_idx"),
+            idx_status=derived_name(table, "pipeline_status_idx"),
+        ),
+    ]
+
+
+def migrate_dlq_table(dsn: str, schema: str, table: str, what: str) -> None:
+    """Create the DLQ table (and its schema and indexes) if missing."""
+    execute_ddl(dsn, what, dlq_table_sql(schema, table))

@@ -45,14 +45,19 @@ never credentials) and never a DSN.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg_pool import PoolTimeout
 
-from ingest.errors import PermanentError, ServiceUnreachable, TransientError, UnclassifiedError
+from ingest.errors import MigrationError, PermanentError, ServiceUnreachable, TransientError, UnclassifiedError
+
+#: DDL of the fixed tables (``{placeholder}`` names filled only with sql.Identifier).
+SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
 
 #: SQLSTATE classes whose errors a row's values can cause (see the module docstring).
 PERMANENT_CLASSES: frozenset[str] = frozenset({"20", "21", "22", "23", "27", "2F", "38", "39", "44", "54", "P0"})
@@ -154,3 +159,24 @@ def check_dsn(dsn: str, what: str) -> None:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
         raise ServiceUnreachable(what, str(classify(exc))) from None
+
+
+def load_sql(name: str, **identifiers: str | tuple[str, ...]) -> sql.Composed:
+    """Read ``ingest/sql/<name>`` and fill its placeholders with quoted identifiers."""
+    text = (SQL_DIR / name).read_text(encoding="utf-8")
+    args = {k: sql.Identifier(*v) if isinstance(v, tuple) else sql.Identifier(v) for k, v in identifiers.items()}
+    return sql.SQL(text).format(**args)
+
+
+def execute_ddl(dsn: str, what: str, statements: Sequence[sql.Composable]) -> None:
+    """Run DDL statements in autocommit. Raises ServiceUnreachable (cannot connect) or MigrationError."""
+    try:
+        with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
+            for stmt in statements:
+                conn.execute(stmt)
+    except psycopg.OperationalError as exc:
+        if getattr(exc, "sqlstate", None) is None or str(exc.sqlstate).startswith("08"):
+            raise ServiceUnreachable(what, str(classify(exc))) from None
+        raise MigrationError(f"{what}: {classify(exc)}") from None
+    except psycopg.Error as exc:
+        raise MigrationError(f"{what}: the database rejected the DDL: {classify(exc)}") from None

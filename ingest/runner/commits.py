@@ -51,6 +51,14 @@ class OffsetStore(Protocol):
         """Store ``watermarks``; a stored offset never moves backwards."""
         ...
 
+    def load_all(self) -> dict[Partition, int]:
+        """Every stored offset of the pipeline (for ``ingest lag``)."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection. Idempotent."""
+        ...
+
 
 class Committer:
     """Commits one pipeline's watermarks. Owned by the pipeline thread."""

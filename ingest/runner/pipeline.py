@@ -537,7 +537,7 @@ class Pipeline:
         if not verdict.done:
             return False
         if not verdict.failed:
-            log.info("idle and the group drained the topics, stopping", extra={"pipeline": self.settings.name})
+            log.info("idle, stopping", extra={"pipeline": self.settings.name, "why": "the group drained the topics"})
             return True
         self.stats.undrained = [{"topic": b.partition.topic, "partition": b.partition.partition,
                                  "committed": b.committed, "behind": b.behind} for b in verdict.backlog]

@@ -1,7 +1,6 @@
-"""Sink adapters: one file per database backend.
+"""Sinks: one package per database kind, found by ``sink.kind`` in :mod:`.registry`.
 
-Every sink implements the :class:`ingest.sinks.base.Sink` contract: ``write``
-takes already-deduplicated rows and writes them in one transaction, raising
-:class:`~ingest.errors.TransientError` or :class:`~ingest.errors.PermanentError`
-and nothing else.
+:mod:`.base` is the port every kind implements (:class:`~.base.SinkBackend` per kind,
+:class:`~.base.Sink` per pipeline, :class:`~.base.Capabilities` declared, never probed).
+A new sink kind is a settings class, one package, and one registry line.
 """

@@ -1,4 +1,17 @@
-"""The sink port: what the lane writer needs from a database backend."""
+"""The sink port: what the rest of ingest needs from a database backend, the same for every kind.
+
+Two objects per sink kind:
+
+- a :class:`SinkBackend` (one per kind, found in :mod:`ingest.sinks.registry`):
+  builds sinks from settings, creates their tables (``migrate``), says which
+  database they write (``identity``), and declares its :class:`Capabilities`
+  instead of being probed for them;
+- a :class:`Sink` (one per pipeline, built by the backend): writes batches.
+
+Rows are tuples in the sink's column order (``settings.columns``); the table a
+batch goes to is the sink's destination (``settings.table`` today). A batch has
+already been collapsed to one row per key (:mod:`ingest.core.collapse`).
+"""
 
 from __future__ import annotations
 
@@ -6,43 +19,120 @@ import hashlib
 import itertools
 import operator
 from array import array
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ingest.types import Item
 
+if TYPE_CHECKING:
+    from ingest.config import PipelineSettings
+    from ingest.config.base import SinkSettingsBase
+    from ingest.dlq.base import DeadLetterQueue
+    from ingest.runner.commits import OffsetStore
+
+#: Runs inside the sink's transaction, after the rows (given the backend's connection object).
+InTransaction = Callable[[Any], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ExactlyOnceResult:
+    """What one exactly-once lane transaction did."""
+
+    rows_written: int
+    #: the batch's poison records, dead-lettered in the same transaction
+    dead_letters: list[Any]
+    write_calls: int
+    #: records an earlier incarnation had already written (skipped)
+    already_written: int
+
+
+#: The exactly-once lane transaction: (lane, items) -> what it did; rows, DLQ rows and offsets commit together.
+ExactlyOnceFn = Callable[[int, Sequence[Item]], ExactlyOnceResult]
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a sink kind can do; the rest of ingest reads these instead of probing adapters."""
+
+    #: ``write(..., in_tx=fn)`` runs ``fn`` inside the rows' transaction (replay marks DLQ entries there).
+    transactions: bool = False
+    #: ``write(..., token=...)`` deduplicates a retried insert (the writer computes tokens only then).
+    insert_tokens: bool = False
+    #: ``sink.delivery: exactly_once`` is supported (offsets stored with the rows).
+    exactly_once: bool = False
+    #: ``Sink.row_sources(rows)`` tells which record each row was last written from (replay's order guard).
+    row_sources: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RowSource:
+    """Which record a row in the table was last written from: its stream (topic and partition, hashed) and
+    offset. ``None`` fields: the row exists but was written before ingest kept its source."""
+
+    stream: int | None
+    offset: int | None
+
 
 class Sink(Protocol):
-    """A table that accepts batches of rows.
+    """One pipeline's table. Safe to share between lanes (each call takes its own connection)."""
 
-    Rows are tuples in the pipeline's column order. Implementations are used
-    by one lane thread at a time per connection and must be safe to share
-    between lanes (each call takes its own connection).
-    """
-
-    def write(self, rows: Sequence[tuple[Any, ...]], *, token: str | None = None) -> None:
+    def write(self, rows: Sequence[tuple[Any, ...]], *, token: str | None = None,
+              in_tx: InTransaction | None = None) -> None:
         """Write ``rows`` in one transaction: all or nothing.
 
-        ``token`` (optional keyword, see :func:`dedup_token`) identifies exactly
-        which records the rows come from; the same rows from the same records
-        always carry the same token, so a sink that can deduplicate inserts
-        (ClickHouse's ``insert_deduplication_token``) makes a retried write a
-        no-op. Sinks that do not need it accept and ignore it. The batch writer
-        passes it only to ``write`` callables that have a ``token`` parameter.
+        ``token`` (see :func:`dedup_token`): identifies exactly which records the rows come
+        from; passed only to sinks whose capabilities say ``insert_tokens``. ``in_tx``: runs
+        inside the same transaction after the rows; only for ``transactions`` sinks.
 
-        Blocks until the transaction is committed. Raises
-        :class:`~ingest.errors.TransientError` when retrying may help (the
-        transaction was rolled back) and :class:`~ingest.errors.PermanentError`
-        when the data is at fault (also rolled back). Never raises anything else.
+        Blocks until committed. Raises :class:`~ingest.errors.TransientError` when retrying may
+        help, :class:`~ingest.errors.PermanentError` when the data is at fault (both rolled
+        back), :class:`~ingest.errors.UnclassifiedError` when neither; nothing else.
         """
         ...
 
+    def warm_up(self) -> None:
+        """Connect now so the first batch does not pay for it. Never raises (writes retry)."""
+        ...
+
     def check(self) -> None:
-        """Connect once and run a trivial query. Raises ServiceUnreachable."""
+        """Connect once and run a trivial query. Raises ServiceUnreachable (never naming a secret)."""
         ...
 
     def close(self) -> None:
         """Release connections. Idempotent."""
+        ...
+
+
+class SinkBackend(Protocol):
+    """One sink kind: everything the CLI, the writer, replay and lag need to know about it."""
+
+    kind: str
+    capabilities: Capabilities
+
+    def build(self, pipeline: PipelineSettings, *, lanes: int) -> Sink:
+        """A sink for ``pipeline`` sized for ``lanes`` concurrent writers. No I/O yet."""
+        ...
+
+    def migrate(self, pipeline: PipelineSettings) -> list[str]:
+        """Create (idempotently) the tables ``pipeline`` writes; returns lines of what was ensured.
+        Raises ServiceUnreachable, ConfigError (an existing table that cannot work), MigrationError."""
+        ...
+
+    def identity(self, settings: SinkSettingsBase) -> str:
+        """Which database the sink writes (pipelines sharing one share a write budget). Never printed."""
+        ...
+
+    def describe(self, settings: SinkSettingsBase) -> str:
+        """A short, secret-free description for ``ingest check`` (e.g. ``table public.orders``)."""
+        ...
+
+    def offset_store(self, pipeline: PipelineSettings) -> OffsetStore | None:
+        """Where exactly-once offsets live (None: the pipeline is not exactly-once)."""
+        ...
+
+    def exactly_once_writer(self, sink: Sink, pipeline: PipelineSettings, dlq: DeadLetterQueue) -> ExactlyOnceFn:
+        """The exactly-once lane transaction (only for backends with ``capabilities.exactly_once``)."""
         ...
 
 

@@ -43,8 +43,9 @@ from ingest.core.mapping import Mapper
 from ingest.dlq.postgres import PostgresDlq
 from ingest.errors import IngestError, InvalidRecord, PermanentError, ServiceUnreachable, TransientError
 from ingest.migrate import migrate_pipeline
-from ingest.sinks.ch_errors import PERMANENT_CODES, TRANSIENT_CODES
-from ingest.sinks.clickhouse import ClickHouseSink, create_table_sql, migrate_clickhouse
+from ingest.sinks.clickhouse.errors import PERMANENT_CODES, TRANSIENT_CODES
+from ingest.sinks.clickhouse.schema import create_table_sql, migrate_clickhouse
+from ingest.sinks.clickhouse.sink import ClickHouseSink
 from ingest.types import Failure, Item, Record
 from ingest.writer import BatchWriter, Completion
 
@@ -105,8 +106,11 @@ class ListDlq:
 
 def writer_for(p: PipelineSettings, write: Callable[..., None], dlq: Any = None,
                retry: RetrySettings = FAST_RETRY) -> BatchWriter:
+    from ingest.sinks import registry
+
     return BatchWriter(pipeline=p.name, write=write, dlq=dlq or ListDlq(), retry=retry,
-                       collapse_rule=p.sink.collapse_rule(), abort=threading.Event())
+                       collapse_rule=p.sink.collapse_rule(), abort=threading.Event(),
+                       insert_tokens=registry.backend(p.sink.kind).capabilities.insert_tokens)
 
 
 def ok(c: Completion) -> Completion:

@@ -25,9 +25,9 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from harness import run_ingest, write_config
-from harness.kafka import TEST_CONSUMER_SETTINGS, committed_offsets, create_topic, produce, unique_name
+from harness.kafka import TEST_CONSUMER_SETTINGS, committed_offsets, produce, unique_name
 from harness.services import temp_database
-from pipeline_helpers import count_rows, pipeline_config, table_rows, write_and_migrate
+from pipeline_helpers import count_rows, pipeline_config, write_and_migrate
 from psycopg import conninfo, sql
 
 pytestmark = pytest.mark.timeout(240)

@@ -19,7 +19,7 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 from harness import run_ingest, start_ingest
-from harness.kafka import TEST_CONSUMER_SETTINGS, committed_offsets, log_end_offsets, produce
+from harness.kafka import committed_offsets, log_end_offsets
 from harness.metrics import samples, scrape
 from pipeline_helpers import (
     OrderGen,

@@ -27,7 +27,6 @@ from harness.kafka import TEST_CONSUMER_SETTINGS, produce
 from harness.metrics import metric, scrape
 from pipeline_helpers import (
     log_events,
-    order_columns,
     pipeline_config,
     table_rows,
     wait_assigned,

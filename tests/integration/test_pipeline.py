@@ -21,7 +21,7 @@ import orjson
 import psycopg
 import pytest
 from harness import run_ingest, start_ingest
-from harness.kafka import committed_offsets, end_offsets, log_end_offsets, produce
+from harness.kafka import committed_offsets, end_offsets, produce
 from pipeline_helpers import (
     PIPELINE,
     OrderGen,

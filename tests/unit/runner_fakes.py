@@ -21,15 +21,17 @@ from __future__ import annotations
 import copy
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ingest.config import RetrySettings
+from ingest.core.collapse import CollapseRule, collapse
 from ingest.core.isolation import write_groups_isolating
 from ingest.dlq.base import DlqEntry
 from ingest.errors import PermanentError, TransientError
-from ingest.exactly_once import split_fresh
+from ingest.sinks.base import ExactlyOnceResult
+from ingest.sinks.postgres.exactly_once import split_fresh
 from ingest.types import Failure, Item, Partition
 from ingest.writer import BatchWriter, Completion
 
@@ -188,14 +190,15 @@ class MemoryOffsetStore:
 class MemoryExactlyOnce:
     """The exactly-once lane transaction over a :class:`ModelTable` and :class:`ModelDlq`, all or nothing."""
 
-    def __init__(self, pipeline: str, table: ModelTable, dlq: ModelDlq) -> None:
+    def __init__(self, pipeline: str, table: ModelTable, dlq: ModelDlq, rule: CollapseRule) -> None:
         self._pipeline = pipeline
+        self._rule = rule
         self.table = table
         self.dlq = dlq
         self.lane_offsets: dict[tuple[Partition, int], int] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, lane: int, items: Sequence[Item], plan: Callable[..., Any]) -> tuple[int, list, int, int]:
+    def __call__(self, lane: int, items: Sequence[Item]) -> ExactlyOnceResult:
         with self._lock:
             table = self.table
             if table.transient:
@@ -203,7 +206,8 @@ class MemoryExactlyOnce:
                 raise TransientError("connection lost (injected)", error_class="connection")
             stored = {tp: off for (tp, ln), off in self.lane_offsets.items() if ln == lane}
             fresh, high = split_fresh(items, stored)
-            failures, groups = plan(fresh)
+            failed, groups = collapse(fresh, self._rule)
+            failures = [DlqEntry(self._pipeline, item.record, item.failure) for item in failed]
             staged: list[tuple] = []
             calls = [0]
 
@@ -227,7 +231,7 @@ class MemoryExactlyOnce:
             self.dlq.entries.extend(failures)
             for tp, off in high.items():
                 self.lane_offsets[(tp, lane)] = max(self.lane_offsets.get((tp, lane), 0), off)
-            return len(written), failures, calls[0], len(items) - len(fresh)
+            return ExactlyOnceResult(len(written), failures, calls[0], len(items) - len(fresh))
 
 
 def snapshot(table: ModelTable) -> dict[Any, tuple]:

@@ -7,8 +7,8 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from ingest.config import ch_type
-from ingest.sinks.ch_arrow import ArrowEncoder, arrow_type
+from ingest.core.dialects import ch_type
+from ingest.sinks.clickhouse.arrow import ArrowEncoder, arrow_type
 
 
 @pytest.mark.parametrize(("name", "expected"), [

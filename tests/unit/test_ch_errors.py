@@ -1,4 +1,4 @@
-"""Unit tests for ingest.sinks.ch_errors: one test per class of the classification table.
+"""Unit tests for ingest.sinks.clickhouse.errors: one test per class of the classification table.
 
 Exceptions are built the way clickhouse-connect raises them (``code``/``name``
 attributes from modern servers; the code only in the text from old ones such
@@ -15,7 +15,7 @@ import urllib3
 from clickhouse_connect.driver import exceptions as cc
 
 from ingest.errors import PermanentError, TransientError
-from ingest.sinks.ch_errors import PERMANENT_CODES, TRANSIENT_CODES, classify, error_code
+from ingest.sinks.clickhouse.errors import PERMANENT_CODES, TRANSIENT_CODES, classify, error_code
 
 
 def server_error(code: int, name: str, text: str = "something failed") -> cc.DatabaseError:

@@ -517,7 +517,7 @@ def test_config_error_does_not_echo_secret_values(tmp_path: Path) -> None:
 
 
 def test_version_column_is_required_unless_it_has_a_default() -> None:
-    from ingest.config import PostgresSink
+    from ingest.sinks.postgres.settings import PostgresSinkSettings as PostgresSink
 
     base = {"table": "t", "conflict_key": ["id"], "version_column": "v"}
     plain = PostgresSink.model_validate({**base, "columns": {"id": {"type": "bigint"}, "v": {"type": "bigint"}}})

@@ -20,15 +20,10 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ingest.config import (
-    CH_INT_RANGES,
-    ClickHouseColumnSpec,
-    ClickHouseSink,
-    ColumnSpec,
-    PipelineSettings,
-    ch_type,
-    load_settings,
-)
+from ingest.config import ColumnSpec, PipelineSettings, load_settings
+from ingest.core.dialects import CH_INT_RANGES, ch_type
+from ingest.sinks.clickhouse.settings import ClickHouseColumnSpec
+from ingest.sinks.clickhouse.settings import ClickHouseSinkSettings as ClickHouseSink
 from ingest.core.mapping import Mapper
 from ingest.errors import ConfigError, InvalidRecord
 from ingest.types import Record

@@ -88,7 +88,8 @@ class PipelineModel(RuleBasedStateMachine):
         self.table.poison.add(True)
         self.dlq = ModelDlq()
         self.store = MemoryOffsetStore() if self.mode == "exactly_once" else None
-        self.eo = MemoryExactlyOnce("model", self.table, self.dlq) if self.mode == "exactly_once" else None
+        self.eo = (MemoryExactlyOnce("model", self.table, self.dlq, self.settings.sink.collapse_rule())
+                   if self.mode == "exactly_once" else None)
         self.seq = 0
         self.pipeline: Pipeline | None = None
         self.source: MemorySource | None = None

@@ -53,15 +53,23 @@ offsets would be inserted a second time.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 
+from ingest.core.collapse import collapse
 from ingest.core.isolation import write_groups_isolating
+from ingest.dlq.base import DlqEntry
+from ingest.dlq.postgres import PostgresDlq, entry_row
 from ingest.drivers.postgres import classify, translate
-from ingest.errors import PermanentError
-from ingest.types import Item, Partition
+from ingest.errors import PermanentError, TransientError
+from ingest.sinks.base import ExactlyOnceResult
+from ingest.types import Failure, Item, Partition
+
+if TYPE_CHECKING:
+    from ingest.config import PipelineSettings
+    from ingest.sinks.postgres.sink import PostgresSink
 
 LANE_OFFSETS_TABLE = "ingest_lane_offsets"
 OFFSETS_TABLE = "ingest_offsets"
@@ -199,38 +207,48 @@ def split_fresh(items: Sequence[Item], stored: dict[Partition, int]) -> tuple[li
     return fresh, high
 
 
-def write_batch_exactly_once(
-    conn: psycopg.Connection[Any],
-    *,
-    lane: int,
-    items: Sequence[Item],
-    lane_offsets: LaneOffsets,
-    plan: Callable[[Sequence[Item]], tuple[list[Any], list[list[Item]]]],
-    write_rows: Callable[[psycopg.Connection[Any], Sequence[tuple[Any, ...]]], None],
-    put_dlq: Callable[[psycopg.Connection[Any], list[Any]], None],
-    write_failure: Callable[[Item, PermanentError], Any],
-) -> tuple[int, list[Any], int, int]:
-    """Run steps 1-5 of the module docstring inside ``conn``'s open transaction.
+class ExactlyOnceWriter:
+    """One lane batch as a single transaction: steps 1-5 of the module docstring.
 
-    ``plan(items)`` returns (DLQ entries of pre-failed items, candidate groups: one row per group).
-    Returns (rows written, DLQ entries, write statements, records skipped as
-    already written). Raises TransientError / PermanentError from the database;
-    the caller's transaction then rolls back whole.
+    Built by the backend for a pipeline with ``sink.delivery: exactly_once``; its DLQ must be the
+    PostgreSQL table in the sink's database (validated), whose rows join the transaction.
     """
-    stored = lane_offsets.lock(conn, lane, sorted({it.record.tp for it in items}))
-    fresh, high = split_fresh(items, stored)
-    failures, groups = plan(fresh)
-    calls = [0]
 
-    def savepoint_write(piece: Sequence[Item]) -> None:
-        calls[0] += 1
-        with translate(conn), conn.transaction():  # a SAVEPOINT inside the batch transaction
-            write_rows(conn, [item.row for item in piece])
+    def __init__(self, sink: PostgresSink, pipeline: PipelineSettings, dlq: PostgresDlq) -> None:
+        cfg = pipeline.sink
+        self._sink = sink
+        self._pipeline = pipeline.name
+        self._dlq = dlq
+        self._rule = cfg.collapse_rule()
+        routing = ROUTING_ROW_KEY if self._rule.key_index is not None else ROUTING_RECORD_KEY
+        self._lane_offsets = LaneOffsets(cfg.db_schema, pipeline.name, pipeline.lanes, routing)  # type: ignore[attr-defined]
 
-    written, poison = write_groups_isolating(groups, savepoint_write)
-    for item, exc in poison:
-        failures.append(write_failure(item, exc))
-    if failures:
-        put_dlq(conn, failures)
-    lane_offsets.advance(conn, lane, high)
-    return len(written), failures, calls[0], len(items) - len(fresh)
+    def __call__(self, lane: int, items: Sequence[Item]) -> ExactlyOnceResult:
+        """Raises TransientError (the whole transaction rolled back: retry) or UnclassifiedError."""
+        try:
+            with translate() as t, self._sink.connection() as conn, conn.transaction():
+                t.conn = conn
+                return self._in_transaction(conn, lane, items)
+        except PermanentError as err:
+            # Outside the savepoints (offsets, DLQ rows) nothing is the data's fault: retry.
+            raise TransientError(str(err), sqlstate=err.sqlstate, error_class="exactly_once_tx") from err
+
+    def _in_transaction(self, conn: psycopg.Connection[Any], lane: int, items: Sequence[Item]) -> ExactlyOnceResult:
+        stored = self._lane_offsets.lock(conn, lane, sorted({it.record.tp for it in items}))
+        fresh, high = split_fresh(items, stored)
+        failed, groups = collapse(fresh, self._rule)
+        entries = [DlqEntry(self._pipeline, item.record, item.failure) for item in failed]  # type: ignore[arg-type]
+        calls = [0]
+
+        def savepoint_write(piece: Sequence[Item]) -> None:
+            calls[0] += 1
+            with translate(conn), conn.transaction():  # a SAVEPOINT inside the batch transaction
+                self._sink.write_rows_in(conn, [item.row for item in piece])  # type: ignore[misc]
+
+        written, poison = write_groups_isolating(groups, savepoint_write)
+        entries += [DlqEntry(self._pipeline, item.record, Failure.from_write_error(exc)) for item, exc in poison]
+        if entries:
+            with conn.cursor() as cur:
+                self._dlq.put_in(cur, [entry_row(e) for e in entries])
+        self._lane_offsets.advance(conn, lane, high)
+        return ExactlyOnceResult(len(written), entries, calls[0], len(items) - len(fresh))

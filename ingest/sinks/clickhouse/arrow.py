@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ingest.config import ChType
+from ingest.core.dialects import ChType
 
 _INTS = {"UInt8", "UInt16", "UInt32", "UInt64", "Int8", "Int16", "Int32", "Int64"}
 _TIME_UNITS = {0: "s", 3: "ms", 6: "us", 9: "ns"}

@@ -1,0 +1,111 @@
+"""The composition root: the only place adapters are built -- sources, sinks, DLQs, pipelines.
+
+Everything here asks the sink registry (:mod:`ingest.sinks.registry`) and the
+settings; nothing branches on a sink's kind. ``ingest demo`` and the commands
+use these public functions.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ingest.config import PipelineSettings, Settings
+from ingest.dlq.base import DeadLetterQueue
+from ingest.metrics import Metrics
+from ingest.runner import Pipeline, RunOptions
+from ingest.scheduler import WriteScheduler
+from ingest.sinks import registry
+from ingest.sinks.base import Sink
+
+
+def build_sink(p: PipelineSettings, *, lanes: int) -> Sink:
+    """The pipeline's sink, sized for ``lanes`` concurrent writers."""
+    return registry.backend(p.sink.kind).build(p, lanes=lanes)
+
+
+def dlq_dsn(p: PipelineSettings) -> str:
+    """The DSN of the pipeline's PostgreSQL DLQ table (validated to exist when one is written)."""
+    dsn = p.dlq_dsn
+    assert dsn is not None, "a pipeline writing a PostgreSQL DLQ table has a DSN (validated)"
+    return dsn.get_secret_value()
+
+
+def build_dlq(settings: Settings, p: PipelineSettings) -> DeadLetterQueue:
+    """The pipeline's DLQ: the PostgreSQL table, or the Kafka topic (with the table for oversized records)."""
+    from ingest.dlq.postgres import PostgresDlq
+
+    table = PostgresDlq(dlq_dsn(p), p.dlq.db_schema, p.dlq.table, pool_size=max(2, p.lanes)) \
+        if p.dlq.uses_postgres_table else None
+    if p.dlq.kind == "postgres":
+        assert table is not None
+        return table
+    from ingest.dlq.kafka import KafkaDlq
+
+    return KafkaDlq(settings.kafka, p.dlq, oversized=table, stored_in=f"postgres:{p.dlq.db_schema}.{p.dlq.table}")
+
+
+def sink_identity(p: PipelineSettings) -> str:
+    """Which database a pipeline writes to (used as a key only, never printed)."""
+    return registry.backend(p.sink.kind).identity(p.sink)
+
+
+def build_schedulers(settings: Settings, pipelines: list[PipelineSettings],
+                     metrics: Metrics | None) -> dict[str, WriteScheduler]:
+    """One WriteScheduler per database that some pipeline limits (smallest max_concurrent_writes wins)."""
+    limits: dict[str, list[int]] = {}
+    for p in pipelines:
+        if p.sink.max_concurrent_writes is not None:
+            limits.setdefault(sink_identity(p), []).append(p.sink.max_concurrent_writes)
+    return {
+        ident: WriteScheduler(f"db{i}", min(slots), aging_ms_per_level=settings.scheduler.aging_ms_per_level,
+                              metrics_registry=metrics.registry if metrics is not None else None)
+        for i, (ident, slots) in enumerate(sorted(limits.items()))
+    }
+
+
+@dataclass
+class Built:
+    """A pipeline ready to run, and what to close after it."""
+
+    pipeline: Pipeline
+    resources: list[Any] = field(default_factory=list)
+
+    def warm_up(self) -> None:
+        """Connect the sink now: the first batch should not pay for it. Never raises."""
+        self.resources[0].warm_up()
+
+    def close(self) -> None:
+        import logging
+
+        for r in self.resources:
+            try:
+                r.close()
+            except Exception:  # noqa: BLE001 - closing must not hide the run's outcome
+                logging.getLogger("ingest").exception("error while closing")
+
+
+def build_pipeline(settings: Settings, p: PipelineSettings, *, stop: threading.Event, abort: threading.Event,
+                   options: RunOptions, metrics: Metrics | None = None,
+                   schedulers: dict[str, WriteScheduler] | None = None) -> Built:
+    """A :class:`~ingest.runner.Pipeline` with its sink, DLQ and source, built from the settings."""
+    from ingest.sources.kafka import KafkaSource
+    from ingest.writer import BatchWriter
+
+    backend = registry.backend(p.sink.kind)
+    sink = build_sink(p, lanes=p.lanes)
+    dlq = build_dlq(settings, p)
+    offset_store = backend.offset_store(p)
+    exactly_once = backend.exactly_once_writer(sink, p, dlq) if offset_store is not None else None
+    writer = BatchWriter(pipeline=p.name, write=sink.write, dlq=dlq, retry=p.retry,
+                         collapse_rule=p.sink.collapse_rule(), abort=abort, exactly_once=exactly_once,
+                         insert_tokens=backend.capabilities.insert_tokens)
+    source_factory = functools.partial(KafkaSource, settings.kafka, p.effective_group_id, list(p.topics))
+    pipeline = Pipeline(
+        p, source_factory=source_factory, writer=writer, stop=stop, abort=abort, options=options,
+        metrics=metrics.pipeline(p.name) if metrics is not None else None,
+        offset_store=offset_store, scheduler=(schedulers or {}).get(sink_identity(p)),
+    )
+    return Built(pipeline, [sink, dlq] + ([offset_store] if offset_store is not None else []))

@@ -1,0 +1,43 @@
+"""``ingest check``: validate the config and reach every broker and database it names."""
+
+from __future__ import annotations
+
+import typer
+
+from ingest.cli.app import EXIT_CONFIG, EXIT_UNREACHABLE, ConfigOpt, LogLevelOpt, app, fail, load, setup_logs
+from ingest.errors import ConfigError, ServiceUnreachable
+
+
+@app.command()
+def check(config: ConfigOpt = None, log_level: LogLevelOpt = "warning") -> None:
+    """Validate the config and connect to every broker and database it names.
+
+    Exit 0 when everything answers, 2 when the config is invalid (naming the
+    file and field), 3 when a service is unreachable (naming which one).
+    """
+    setup_logs(log_level)
+    settings = load(config)
+    from ingest.cli.build import build_sink, dlq_dsn
+    from ingest.drivers.postgres import check_dsn
+    from ingest.sinks import registry
+    from ingest.sources.kafka import check_broker
+
+    try:
+        check_broker(settings.kafka)
+        typer.echo(f"ok   kafka {settings.kafka.bootstrap_servers}")
+        for p in settings.pipelines:
+            sink = build_sink(p, lanes=1)
+            try:
+                sink.check()
+            finally:
+                sink.close()
+            described = registry.backend(p.sink.kind).describe(p.sink)
+            typer.echo(f"ok   pipeline {p.name}: sink {p.sink.kind} {described}")
+            if p.dlq.uses_postgres_table:
+                check_dsn(dlq_dsn(p), f"postgres DLQ of pipeline {p.name!r}")
+                typer.echo(f"ok   pipeline {p.name}: DLQ postgres table {p.dlq.table}")
+    except ServiceUnreachable as exc:
+        raise fail(EXIT_UNREACHABLE, f"unreachable: {exc}") from None
+    except ConfigError as exc:
+        raise fail(EXIT_CONFIG, str(exc)) from None
+    typer.echo("config ok")

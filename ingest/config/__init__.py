@@ -1,0 +1,27 @@
+"""Configuration: frozen pydantic-settings models loaded from one YAML file (:mod:`.load`).
+
+- :mod:`.base`: the building blocks (frozen models, identifier and DSN checks, columns,
+  :class:`SinkSettingsBase`);
+- :mod:`.pipeline`: the broker connection and one pipeline (its sink section is validated
+  by the settings class its ``kind`` names in :mod:`ingest.sinks.registry`);
+- :mod:`.load`: the whole file, environment overrides, and errors naming the field.
+
+Secrets (database DSNs and passwords, librdkafka ``sasl.password`` /
+``ssl.key.password``) are :class:`pydantic.SecretStr` and print as ``**********``.
+"""
+
+from ingest.config.base import ColumnSpec, Frozen, SinkSettingsBase, check_dsn_syntax, check_identifier
+from ingest.config.load import Settings, load_settings
+from ingest.config.pipeline import (
+    BatchSettings,
+    DlqSettings,
+    KafkaSettings,
+    PipelineSettings,
+    RetrySettings,
+    SchedulerSettings,
+)
+
+__all__ = [
+    "BatchSettings", "ColumnSpec", "DlqSettings", "Frozen", "KafkaSettings", "PipelineSettings", "RetrySettings",
+    "SchedulerSettings", "Settings", "SinkSettingsBase", "check_dsn_syntax", "check_identifier", "load_settings",
+]

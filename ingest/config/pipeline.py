@@ -1,0 +1,218 @@
+"""The settings of the broker connection and of one pipeline (topics → sink, DLQ, batching, retries).
+
+A pipeline's ``sink`` section is validated by the settings class of its
+``kind``, found in the sink registry (:mod:`ingest.sinks.registry`): a new sink
+kind brings its own settings class and needs no change here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, SecretStr, SerializeAsAny, field_serializer, field_validator, model_validator
+
+from ingest.config.base import (
+    SECRET_CLIENT_KEYS,
+    SOURCE_RE,
+    Frozen,
+    SinkSettingsBase,
+    check_dsn_syntax,
+    check_identifier,
+)
+
+
+class KafkaSettings(Frozen):
+    """Broker connection shared by every pipeline."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    #: Passthrough librdkafka settings (security.protocol, sasl.*, ssl.*, session.timeout.ms, ...).
+    #: Values of keys that look secret are masked in every printout.
+    client: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    #: Messages fetched per ``consume()`` call.
+    consume_batch_size: int = Field(default=5000, ge=1, le=1_000_000)
+    #: How long one ``consume()`` call waits for messages.
+    poll_timeout_ms: int = Field(default=100, ge=1, le=60_000)
+
+    def client_config(self) -> dict[str, Any]:
+        """The librdkafka settings, secrets included (only for building clients)."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.client}
+
+    def redacted_client(self) -> dict[str, Any]:
+        return {
+            k: ("**********" if any(s in k for s in SECRET_CLIENT_KEYS) else v) for k, v in self.client.items()
+        }
+
+    def __repr_args__(self):  # type: ignore[override]
+        for name, value in super().__repr_args__():
+            yield name, (self.redacted_client() if name == "client" else value)
+
+    @field_serializer("client")
+    def _mask_client(self, value: dict[str, Any]) -> dict[str, Any]:
+        """Dumps (model_dump, JSON) never carry secret client values; building clients uses client_config()."""
+        return self.redacted_client()
+
+
+class BatchSettings(Frozen):
+    """When a lane's ring buffer is flushed: whichever limit is reached first."""
+
+    max_rows: int = Field(default=5000, ge=1, le=1_000_000)
+    max_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_latency_ms: int = Field(default=500, ge=1)
+
+
+class RetrySettings(Frozen):
+    """Backoff for transient failures (exponential with full jitter).
+
+    ``max_attempts: 0`` retries forever. When attempts run out the pipeline
+    stops with an error (exit 1) without committing; data is never
+    dead-lettered because a service was down.
+    """
+
+    max_attempts: int = Field(default=10, ge=0)
+    initial_backoff_ms: int = Field(default=100, ge=1)
+    max_backoff_ms: int = Field(default=30_000, ge=1)
+
+
+class DlqSettings(Frozen):
+    """Where poison records go, and when a pipeline should stop instead.
+
+    The guard: the pipeline stops (exit 1) when more than ``max_consecutive``
+    records in a row were dead-lettered, or when the dead-lettered share of the
+    last ``window`` records exceeds ``max_ratio``. Both on by default with
+    generous limits; set to ``null`` to turn one off.
+    """
+
+    kind: Literal["postgres", "kafka"] = "postgres"
+    table: str = "ingest_dlq"
+    #: DSN of the DLQ database; default: the sink's DSN (PostgreSQL sinks).
+    dsn: SecretStr | None = None
+    db_schema: str = Field(default="public", alias="schema")
+    topic: str | None = None
+    max_ratio: float | None = Field(default=0.5, gt=0, le=1)
+    max_consecutive: int | None = Field(default=1000, ge=1)
+    window: int = Field(default=1000, ge=1)
+    #: Loop guard of ``replay-dlq``: an entry that failed this many replays is given up.
+    max_replays: int = Field(default=3, ge=1)
+    #: Kafka DLQ: the largest message the DLQ topic takes (its ``max.message.bytes``; Kafka's
+    #: default is 1 MiB), compressed, with the provenance headers.
+    max_message_bytes: int = Field(default=1_048_576, ge=1024, le=1_000_000_000)
+    #: Kafka DLQ: how the DLQ producer compresses (a record that fitted the source topic gains headers).
+    compression: Literal["zstd", "lz4", "gzip", "snappy", "none"] = "zstd"
+    #: Kafka DLQ: a record too large for the DLQ topic even compressed. ``stop``: the pipeline stops
+    #: without committing it, naming the record, the limit and the fix; ``postgres``: it is stored whole
+    #: in the PostgreSQL DLQ table (``dsn``, ``schema``, ``table``) and the topic gets a reference to it.
+    oversized: Literal["stop", "postgres"] = "stop"
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, hide_input_in_errors=True)
+
+    @field_validator("table")
+    @classmethod
+    def _table_name(cls, value: str) -> str:
+        return check_identifier(value)
+
+    @property
+    def uses_postgres_table(self) -> bool:
+        """A PostgreSQL DLQ table is written: the DLQ itself, or the Kafka DLQ's place for oversized records."""
+        return self.kind == "postgres" or self.oversized == "postgres"
+
+    @field_validator("dsn")
+    @classmethod
+    def _dsn(cls, value: SecretStr | None) -> SecretStr | None:
+        return check_dsn_syntax(value)
+
+    @model_validator(mode="after")
+    def _topic(self) -> DlqSettings:
+        if self.kind == "kafka" and not self.topic:
+            raise ValueError("dlq.topic is required when dlq.kind is 'kafka'")
+        if self.kind == "postgres" and self.oversized != "stop":
+            raise ValueError("dlq.oversized applies to dlq.kind kafka (a PostgreSQL DLQ takes any record)")
+        return self
+
+
+class PipelineSettings(Frozen):
+    """One topic set → one table, with its own consumer group."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    topics: list[str] = Field(min_length=1)
+    group_id: str | None = None
+    format: Literal["json"] = "json"
+    #: Ordering / lane key: a JSON path into the value; default: the Kafka message key.
+    key: str | None = None
+    priority: int = 0
+    lanes: int = Field(default=1, ge=1, le=256)
+    #: Records without a key: spread over lanes (round_robin) or keep in order on lane 0.
+    unkeyed: Literal["round_robin", "lane0"] = "round_robin"
+    #: A record with a null value (tombstone): dead-letter it or skip it (counted as done).
+    tombstones: Literal["dlq", "skip"] = "dlq"
+    batch: BatchSettings = Field(default_factory=BatchSettings)
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+    #: Validated by the settings class its ``kind`` names in the sink registry (ingest.sinks.registry).
+    sink: SerializeAsAny[SinkSettingsBase]
+    dlq: DlqSettings = Field(default_factory=DlqSettings)
+    commit_interval_ms: int = Field(default=1000, ge=10)
+    shutdown_timeout_s: float = Field(default=30.0, gt=0)
+    #: Backpressure bounds: consumption pauses while more than this is in flight.
+    max_buffered_records: int = Field(default=100_000, ge=1)
+    max_buffered_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
+    #: Hot-key warning: one key above this share of a lane's records in an interval.
+    hot_key_share: float = Field(default=0.5, gt=0, le=1)
+    #: Length of the hot-key / hot-lane observation interval.
+    hot_key_interval_s: float = Field(default=10.0, gt=0)
+
+    @property
+    def effective_group_id(self) -> str:
+        return self.group_id or f"ingest-{self.name}"
+
+    @field_validator("sink", mode="before")
+    @classmethod
+    def _sink(cls, value: Any) -> Any:
+        """Dispatch on ``kind`` (default ``postgres``) to the settings class the sink registry names."""
+        if isinstance(value, SinkSettingsBase):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError("sink must be a mapping")
+        from ingest.sinks import registry
+
+        kind = value.get("kind", "postgres")
+        try:
+            settings_class = registry.settings_class(kind)
+        except KeyError:
+            raise ValueError(f"sink.kind must be one of {', '.join(repr(k) for k in registry.kinds())}") from None
+        return settings_class.model_validate(value)
+
+    @property
+    def dlq_dsn(self) -> SecretStr | None:
+        """The DSN of the PostgreSQL DLQ table (``dlq.dsn``, else the sink's own PostgreSQL database)."""
+        return self.dlq.dsn or self.sink.postgres_dsn
+
+    @model_validator(mode="after")
+    def _dlq_database(self) -> PipelineSettings:
+        if self.dlq.uses_postgres_table and self.dlq_dsn is None:
+            raise ValueError("dlq.dsn is required: the DLQ writes a PostgreSQL table and the sink is not PostgreSQL")
+        return self
+
+    @model_validator(mode="after")
+    def _exactly_once(self) -> PipelineSettings:
+        if self.sink.exactly_once:
+            if self.dlq.kind != "postgres":
+                raise ValueError("sink.delivery exactly_once needs dlq.kind postgres (DLQ rows join the transaction)")
+            own = self.sink.postgres_dsn
+            if self.dlq.dsn is not None and (own is None or self.dlq.dsn.get_secret_value() != own.get_secret_value()):
+                raise ValueError("sink.delivery exactly_once needs the DLQ in the sink database (omit dlq.dsn)")
+        return self
+
+    @field_validator("key")
+    @classmethod
+    def _key_path(cls, value: str | None) -> str | None:
+        if value is not None and not SOURCE_RE.match(value):
+            raise ValueError(f"invalid key path {value!r}")
+        return value
+
+
+class SchedulerSettings(Frozen):
+    """The per-database write scheduler (used when a sink sets max_concurrent_writes)."""
+
+    #: A waiting batch gains one priority level per this many milliseconds of waiting.
+    aging_ms_per_level: int = Field(default=1000, ge=1)
+
+

@@ -1,0 +1,173 @@
+"""The column type systems of the sinks' dialects, parsed: PostgreSQL names and ClickHouse names.
+
+Pure logic shared by the settings (validation), the mapper (coercers by type)
+and the sinks (DDL, COPY and Arrow types). A new sink either declares its
+columns in one of these dialects or brings its own.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+#: PostgreSQL column types the mapper can coerce to, by base name. A type may
+#: carry a modifier, e.g. ``numeric(12,2)`` or ``varchar(64)``; the database
+#: enforces the modifier and rejects violating rows (they become poison rows).
+PG_TYPES: frozenset[str] = frozenset(
+    {
+        "smallint", "integer", "bigint", "numeric", "real", "double precision",
+        "text", "varchar", "boolean", "timestamptz", "timestamp", "date",
+        "jsonb", "json", "uuid", "bytea",
+    }
+)
+PG_TYPE_ALIASES: dict[str, str] = {
+    "int": "integer", "int4": "integer", "int8": "bigint", "int2": "smallint",
+    "float8": "double precision", "float4": "real", "decimal": "numeric",
+    "bool": "boolean", "character varying": "varchar",
+    "timestamp with time zone": "timestamptz", "timestamp without time zone": "timestamp",
+}
+_TYPE_RE = re.compile(r"^\s*([a-z][a-z0-9 ]*?)\s*(\(\s*\d+\s*(,\s*\d+\s*)?\))?\s*$")
+
+_SOURCE_RE = re.compile(r"^(\$(\.[^.\[\]]+|\[\d+\])*|@(key|topic|partition|offset|timestamp|header\.[^\s]+))$")
+_SECRET_CLIENT_KEYS = ("password", "secret", "sasl.oauthbearer.config", "ssl.key.pem")
+
+
+def pg_base_type(type_name: str) -> tuple[str, str]:
+    """Return ``(base, full)`` for a PostgreSQL column type, e.g. ``('numeric', 'numeric(12,2)')``.
+
+    Raises ValueError for a type the mapper does not support.
+    """
+    match = _TYPE_RE.match(type_name.lower())
+    if not match:
+        raise ValueError(f"unsupported column type {type_name!r}")
+    base = PG_TYPE_ALIASES.get(match.group(1), match.group(1))
+    if base not in PG_TYPES:
+        raise ValueError(
+            f"unsupported column type {type_name!r}; supported: {', '.join(sorted(PG_TYPES))}"
+        )
+    modifier = (match.group(2) or "").replace(" ", "")
+    if modifier and base not in ("numeric", "varchar", "timestamptz", "timestamp"):
+        raise ValueError(f"column type {base!r} takes no modifier {modifier!r}")
+    return base, base + modifier
+
+
+#: ClickHouse integer types and their ranges.
+CH_INT_RANGES: dict[str, tuple[int, int]] = {
+    "UInt8": (0, 2**8 - 1), "UInt16": (0, 2**16 - 1), "UInt32": (0, 2**32 - 1), "UInt64": (0, 2**64 - 1),
+    "Int8": (-(2**7), 2**7 - 1), "Int16": (-(2**15), 2**15 - 1),
+    "Int32": (-(2**31), 2**31 - 1), "Int64": (-(2**63), 2**63 - 1),
+}
+#: ClickHouse types without parameters, by name -> kind. ``JSON`` is JSON stored as ``String``.
+_CH_SIMPLE: dict[str, str] = {
+    **{name: "int" for name in CH_INT_RANGES},
+    "Float32": "float", "Float64": "float", "String": "string", "Bool": "bool", "Date": "date",
+    "UUID": "uuid", "JSON": "json",
+}
+CH_SUPPORTED = (
+    "UInt8/16/32/64, Int8/16/32/64, Float32, Float64, Decimal(P,S), String, LowCardinality(String), Bool, "
+    "Date, DateTime64(3), UUID, JSON (stored as String), Nullable(T), Array(T)"
+)
+_CH_TOKEN = re.compile(r"\s*([A-Za-z][A-Za-z0-9]*|\d+|'[^']*'|[(),])")
+
+
+@dataclass(frozen=True, slots=True)
+class ChType:
+    """A parsed ClickHouse column type.
+
+    ``name`` is the canonical spelling in the config (``Nullable(JSON)``), ``ddl``
+    the ClickHouse type it creates and inserts as (``Nullable(String)``).
+    ``kind``: int, float, decimal, string, bool, date, datetime64, uuid, json,
+    nullable, array or lowcardinality; ``inner`` is set for the last three.
+    """
+
+    kind: str
+    name: str
+    ddl: str
+    inner: ChType | None = None
+    precision: int = 0
+    scale: int = 0
+
+    @property
+    def nullable(self) -> bool:
+        return self.kind == "nullable" or (self.kind == "lowcardinality" and self.inner is not None
+                                           and self.inner.nullable)
+
+
+def ch_type(type_name: str) -> ChType:
+    """Parse a ClickHouse column type the mapper supports; ValueError (naming the type) otherwise.
+
+    Names are case-sensitive, as in ClickHouse. Supported: see :data:`CH_SUPPORTED`.
+    """
+    tokens = _CH_TOKEN.findall(type_name)
+    if "".join(tokens) != "".join(type_name.split()) or not tokens:
+        raise ValueError(f"unsupported column type {type_name!r}; supported: {CH_SUPPORTED}")
+    pos = 0
+
+    def bad(why: str = "") -> ValueError:
+        return ValueError(f"unsupported column type {type_name!r}{': ' + why if why else ''}; "
+                          f"supported: {CH_SUPPORTED}")
+
+    def take(expected: str | None = None) -> str:
+        nonlocal pos
+        if pos >= len(tokens):
+            raise bad()
+        tok = tokens[pos]
+        if expected is not None and tok != expected:
+            raise bad()
+        pos += 1
+        return tok
+
+    def number(lo: int, hi: int, what: str) -> int:
+        tok = take()
+        if not tok.isdigit() or not lo <= int(tok) <= hi:
+            raise bad(f"{what} must be {lo}..{hi}")
+        return int(tok)
+
+    def parse() -> ChType:
+        name = take()
+        if name in _CH_SIMPLE:
+            kind = _CH_SIMPLE[name]
+            return ChType(kind, name, "String" if kind == "json" else name)
+        if name == "Decimal":
+            take("(")
+            p = number(1, 76, "Decimal precision")
+            s = 0
+            if pos < len(tokens) and tokens[pos] == ",":
+                take(",")
+                s = number(0, p, "Decimal scale")
+            take(")")
+            return ChType("decimal", f"Decimal({p}, {s})", f"Decimal({p}, {s})", precision=p, scale=s)
+        if name == "DateTime64":
+            take("(")
+            p = number(0, 9, "DateTime64 precision")
+            tz = ""
+            if pos < len(tokens) and tokens[pos] == ",":
+                take(",")
+                tz = take()
+                if not (tz.startswith("'") and len(tz) > 2):
+                    raise bad("DateTime64 time zone must be a quoted name")
+                tz = f", {tz}"
+            take(")")
+            return ChType("datetime64", f"DateTime64({p}{tz})", f"DateTime64({p}{tz})", precision=p)
+        if name in ("Nullable", "Array", "LowCardinality"):
+            take("(")
+            inner = parse()
+            take(")")
+            if name == "Nullable":
+                if inner.kind in ("nullable", "array", "lowcardinality"):
+                    raise bad(f"Nullable cannot contain {inner.name}")
+                return ChType("nullable", f"Nullable({inner.name})", f"Nullable({inner.ddl})", inner)
+            if name == "Array":
+                if inner.kind == "lowcardinality":
+                    raise bad("Array(LowCardinality(...)) is not supported")
+                return ChType("array", f"Array({inner.name})", f"Array({inner.ddl})", inner)
+            base = inner.inner if inner.kind == "nullable" else inner
+            if base is None or base.kind != "string":
+                raise bad("LowCardinality supports String and Nullable(String) only")
+            return ChType("lowcardinality", f"LowCardinality({inner.name})", f"LowCardinality({inner.ddl})", inner)
+        raise bad()
+
+    result = parse()
+    if pos != len(tokens):
+        raise bad()
+    return result

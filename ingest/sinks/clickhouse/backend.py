@@ -1,0 +1,45 @@
+"""The ClickHouse :class:`~ingest.sinks.base.SinkBackend`: what the rest of ingest asks of this sink kind."""
+
+from __future__ import annotations
+
+from ingest.config import PipelineSettings
+from ingest.dlq.base import DeadLetterQueue
+from ingest.errors import ConfigError
+from ingest.sinks.base import Capabilities, ExactlyOnceFn
+from ingest.sinks.clickhouse.schema import migrate_clickhouse
+from ingest.sinks.clickhouse.settings import ClickHouseSinkSettings
+from ingest.sinks.clickhouse.sink import ClickHouseSink, redact_url
+
+
+class ClickHouseBackend:
+    kind = "clickhouse"
+    #: No transactions; retried inserts deduplicated by token; effectively-once through ReplacingMergeTree.
+    capabilities = Capabilities(insert_tokens=True)
+
+    def build(self, pipeline: PipelineSettings, *, lanes: int) -> ClickHouseSink:
+        return ClickHouseSink(self._settings(pipeline), pipeline=pipeline.name)
+
+    def migrate(self, pipeline: PipelineSettings) -> list[str]:
+        return migrate_clickhouse(pipeline)
+
+    def identity(self, settings: object) -> str:
+        assert isinstance(settings, ClickHouseSinkSettings)
+        return f"{settings.url}/{settings.database}"
+
+    def describe(self, settings: object) -> str:
+        assert isinstance(settings, ClickHouseSinkSettings)
+        return f"table {settings.database}.{settings.table} at {redact_url(settings.url)}"
+
+    def offset_store(self, pipeline: PipelineSettings) -> None:
+        return None
+
+    def exactly_once_writer(self, sink: object, pipeline: PipelineSettings, dlq: DeadLetterQueue) -> ExactlyOnceFn:
+        raise ConfigError(f"pipelines.{pipeline.name}.sink: ClickHouse has no exactly-once delivery")
+
+    @staticmethod
+    def _settings(pipeline: PipelineSettings) -> ClickHouseSinkSettings:
+        assert isinstance(pipeline.sink, ClickHouseSinkSettings)
+        return pipeline.sink
+
+
+BACKEND = ClickHouseBackend()

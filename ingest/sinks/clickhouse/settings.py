@@ -1,0 +1,136 @@
+"""Settings of the ClickHouse sink (``sink.kind: clickhouse``)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from ingest.config.base import ColumnSpec, SinkSettingsBase, check_identifier
+from ingest.core.collapse import CollapseRule
+from ingest.core.dialects import ChType, ch_type
+
+
+class ClickHouseColumnSpec(ColumnSpec):
+    """A column of a ClickHouse sink: ``type`` is a ClickHouse type (see :func:`ch_type`)."""
+
+    #: Which type system ``type`` belongs to; read by the mapper.
+    dialect: ClassVar[str] = "clickhouse"
+
+    @field_validator("type")
+    @classmethod
+    def _ch_type(cls, value: str) -> str:
+        return ch_type(value).name
+
+
+#: Name of the hidden version column added when ``version_column`` is not set.
+CH_DEFAULT_VERSION_COLUMN = "_version"
+CH_URL_RE = re.compile(r"^(https?://[^\s/]+/?|chdb://memory(/[^\s/]*)?|chdb://[^\s]+)$")
+
+
+class ClickHouseSinkSettings(SinkSettingsBase):
+    """Write batches into a ClickHouse ``ReplacingMergeTree`` table (see ``ingest/sinks/clickhouse.py``).
+
+    ``url``: ``http(s)://host:port`` for a server, or ``chdb:///abs/path`` /
+    ``chdb://memory`` for clickhouse-connect's in-process chDB engine.
+    ``order_by`` is the dedup key (the table's sorting key): rows with equal
+    keys collapse to the one with the highest ``version_column`` at merge time
+    or with ``SELECT ... FINAL``. Without ``version_column`` a hidden column
+    ``_version UInt64`` fed from the Kafka offset (``source: '@offset'``) is
+    added, so the record consumed last wins -- which is only meaningful when
+    all records of one key come from one partition (keyed by the Kafka key);
+    otherwise name a column (an event time or sequence number).
+    """
+
+    kind: Literal["clickhouse"]
+    columns: dict[str, ClickHouseColumnSpec]  # type: ignore[assignment]
+    url: str = "http://127.0.0.1:8123"
+    database: str = "default"
+    user: str = "default"
+    password: SecretStr = SecretStr("")
+    order_by: list[str] = Field(default_factory=list)
+    version_column: str | None = None
+    compression: Literal["lz4", "zstd", "gzip", "none"] = "lz4"
+    #: ClickHouse settings sent with every insert (e.g. ``async_insert: 0``).
+    settings: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    #: Create ``Replicated...`` tables ``ON CLUSTER`` this cluster.
+    cluster: str | None = None
+    #: ``non_replicated_deduplication_window`` of the table: how many recent insert
+    #: tokens a non-replicated table remembers (a retried batch older than that is
+    #: inserted again; ReplacingMergeTree still collapses it).
+    deduplication_window: int = Field(default=1000, ge=1, le=1_000_000)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    send_receive_timeout_s: float = Field(default=300.0, gt=0)
+    #: ``auto``: insert ``FORMAT Arrow`` when pyarrow is installed and every column type has an
+    #: Arrow counterpart (see ingest/sinks/clickhouse/arrow.py), else Native; ``native``: always Native.
+    insert_format: Literal["auto", "native"] = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_version(cls, data: Any) -> Any:
+        """Without ``version_column``: add the hidden ``_version UInt64`` column fed from ``@offset``."""
+        if not isinstance(data, dict) or data.get("version_column") is not None:
+            return data
+        columns = data.get("columns")
+        if not isinstance(columns, dict) or not columns or CH_DEFAULT_VERSION_COLUMN in columns:
+            return data  # empty columns: reported by the columns validator; a clash: by _keys
+        return {
+            **data,
+            "columns": {**columns, CH_DEFAULT_VERSION_COLUMN: {"type": "UInt64", "source": "@offset"}},
+            "version_column": CH_DEFAULT_VERSION_COLUMN,
+        }
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not CH_URL_RE.match(value):
+            raise ValueError(
+                f"invalid ClickHouse url {value!r}: use http(s)://host:port, chdb:///absolute/path or chdb://memory"
+            )
+        return value
+
+    @field_validator("database")
+    @classmethod
+    def _database(cls, value: str) -> str:
+        return check_identifier(value)
+
+    @model_validator(mode="after")
+    def _keys(self) -> ClickHouseSinkSettings:
+        missing = [k for k in self.order_by if k not in self.columns]
+        if missing:
+            raise ValueError(f"order_by {missing} not among columns {list(self.columns)}")
+        if not self.order_by:
+            raise ValueError("order_by is required")
+        if len(set(self.order_by)) != len(self.order_by):
+            raise ValueError("order_by lists a column twice")
+        for k in self.order_by:
+            t = ch_type(self.columns[k].type)
+            if t.nullable or t.kind == "array":
+                raise ValueError(f"order_by column {k!r} cannot be {t.name}: sorting key columns must not be "
+                                 "Nullable or Array")
+        if self.version_column is None:
+            raise ValueError(f"column {CH_DEFAULT_VERSION_COLUMN!r} is reserved for the default version "
+                             "(the Kafka offset); rename it or set version_column")
+        if self.version_column not in self.columns:
+            raise ValueError(f"version_column {self.version_column!r} not among columns")
+        vt = ch_type(self.columns[self.version_column].type)
+        if vt.kind not in ("int", "date", "datetime64") or vt.name.startswith("Int"):
+            raise ValueError(f"version_column {self.version_column!r} has type {vt.name}; "
+                             "ReplacingMergeTree needs UInt8-64, Date or DateTime64 (not Nullable)")
+        if self.version_column in self.order_by:
+            raise ValueError("version_column cannot be part of order_by")
+        return self
+
+    def collapse_rule(self) -> CollapseRule:
+        """Rows collapse by the sorting key, the highest version winning (as ReplacingMergeTree keeps it)."""
+        names = list(self.columns)
+        assert self.version_column is not None
+        return CollapseRule(tuple(names.index(k) for k in self.order_by), "last", names.index(self.version_column))
+
+    @property
+    def ch_types(self) -> dict[str, ChType]:
+        """Parsed ClickHouse types by column, in column order."""
+        return {name: ch_type(spec.type) for name, spec in self.columns.items()}
+
+

@@ -1,0 +1,97 @@
+"""``ingest migrate`` for PostgreSQL: the sink table and the exactly-once bookkeeping tables, idempotently.
+
+Sink tables are composed from the config: names as :class:`psycopg.sql.Identifier`,
+types as the normalised forms of :func:`ingest.core.dialects.pg_base_type`.
+Fixed tables come from ``ingest/sql/offsets_postgres.sql``.
+
+An existing sink table is left as it is, but checked: ``migrate`` fails if it
+lacks a unique index on the conflict key (the upsert would fail on every row).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ingest.config import PipelineSettings
+from ingest.core.dialects import pg_base_type
+from ingest.drivers.postgres import classify, execute_ddl, load_sql
+from ingest.errors import ConfigError, MigrationError
+from ingest.sinks.postgres.exactly_once import LANE_OFFSETS_TABLE, OFFSETS_TABLE
+from ingest.sinks.postgres.settings import PostgresSinkSettings
+
+
+def sink_table_sql(cfg: PostgresSinkSettings) -> list[sql.Composable]:
+    cols = []
+    for name, spec in cfg.columns.items():
+        not_null = spec.required or name in cfg.conflict_key
+        cols.append(
+            sql.SQL("{} {}{}").format(
+                sql.Identifier(name), sql.SQL(pg_base_type(spec.type)[1]), sql.SQL(" NOT NULL" if not_null else "")
+            )
+        )
+    if cfg.conflict_key:
+        cols.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(sql.Identifier(k) for k in cfg.conflict_key)))
+    return [
+        sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(cfg.db_schema)),
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
+            sql.Identifier(cfg.db_schema, cfg.table), sql.SQL(", ").join(cols)
+        ),
+    ]
+
+
+def offsets_table_sql(schema: str) -> sql.Composed:
+    return load_sql("offsets_postgres.sql", schema=schema, table=OFFSETS_TABLE, lane_table=LANE_OFFSETS_TABLE)
+
+
+def _lane_offsets_keyed_by_routing(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Give a lane offsets table made before the ``routing`` column a primary key that includes it."""
+    row = conn.execute("""
+        SELECT con.conname, array_agg(a.attname::text)
+        FROM pg_constraint con JOIN pg_class c ON c.oid = con.conrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY(con.conkey)
+        WHERE con.contype = 'p' AND n.nspname = %s AND c.relname = %s GROUP BY con.conname
+    """, (schema, LANE_OFFSETS_TABLE)).fetchone()
+    if row is None or "routing" in row[1]:
+        return
+    conn.execute(sql.SQL(
+        'ALTER TABLE {t} DROP CONSTRAINT {pk}, ADD PRIMARY KEY (pipeline, topic, "partition", lanes, routing, lane)'
+    ).format(t=sql.Identifier(schema, LANE_OFFSETS_TABLE), pk=sql.Identifier(row[0])))
+
+
+def _has_unique_on(conn: psycopg.Connection[Any], schema: str, table: str, columns: list[str]) -> bool:
+    row = conn.execute(
+        """
+        SELECT count(*) FROM pg_index i
+        JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %s AND c.relname = %s AND i.indisunique
+          AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a
+               WHERE a.attrelid = c.oid AND a.attnum = ANY(i.indkey)) = %s
+        """,
+        (schema, table, sorted(columns)),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def migrate_postgres(p: PipelineSettings) -> list[str]:
+    """Create (or check) the sink table of ``p`` and the offsets tables beside it."""
+    cfg = p.sink
+    assert isinstance(cfg, PostgresSinkSettings)
+    dsn = cfg.dsn.get_secret_value()
+    what = f"postgres sink of pipeline {p.name!r}"
+    execute_ddl(dsn, what, sink_table_sql(cfg) + [offsets_table_sql(cfg.db_schema)])
+    try:
+        with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
+            _lane_offsets_keyed_by_routing(conn, cfg.db_schema)
+            unique = not cfg.conflict_key or _has_unique_on(conn, cfg.db_schema, cfg.table, list(cfg.conflict_key))
+    except psycopg.Error as exc:
+        raise MigrationError(f"{what}: the database rejected the DDL: {classify(exc)}") from None
+    if not unique:
+        raise ConfigError(
+            f"pipelines.{p.name}.sink: table {cfg.db_schema}.{cfg.table} exists without a unique "
+            f"index on conflict_key {list(cfg.conflict_key)}; add one (upserts need it)"
+        )
+    return [f"{p.name}: table {cfg.db_schema}.{cfg.table}", f"{p.name}: table {cfg.db_schema}.{OFFSETS_TABLE}"]

@@ -1,0 +1,116 @@
+"""Settings of the PostgreSQL sink (``sink.kind: postgres``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from ingest.config.base import ColumnSpec, SinkSettingsBase, check_dsn_syntax, check_identifier
+from ingest.core.collapse import CollapseRule
+from ingest.core.dialects import pg_base_type
+
+
+class PostgresSinkSettings(SinkSettingsBase):
+    """Write batches into one PostgreSQL table with an idempotent upsert."""
+
+    kind: Literal["postgres"] = "postgres"
+    dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/postgres")
+    db_schema: str = Field(default="public", alias="schema")
+    conflict_key: list[str] = Field(default_factory=list)
+    #: update: ``ON CONFLICT DO UPDATE`` (last record wins); nothing: ``DO NOTHING``
+    #: (first write wins); none: plain INSERT (append-only tables, no conflict key).
+    on_conflict: Literal["update", "nothing", "none"] = "update"
+    #: Optional column whose value must not go backwards: an update only applies
+    #: when ``EXCLUDED.version >= current.version``, inside a batch too (the
+    #: record with the highest version wins). Typically an event time, a source
+    #: sequence number, or ``source: '@offset'`` (which orders the records of one
+    #: partition only). Required: a record without a version is poison
+    #: (``missing_field``), unless the column has a ``default``.
+    version_column: str | None = None
+    #: Connections in the pool (at least one per lane is used).
+    pool_size: int = Field(default=0, ge=0, le=256)
+    statement_timeout_ms: int = Field(default=60_000, ge=0)
+    #: ``copy``: COPY into a temp stage then INSERT .. SELECT .. ON CONFLICT (fastest);
+    #: ``values``: multi-row INSERT .. VALUES (for poolers that forbid temp tables).
+    write_method: Literal["copy", "values"] = "copy"
+    #: at_least_once: idempotent upserts, Kafka commits; exactly_once: offsets stored in the
+    #: same transaction as the rows (see ingest/exactly_once.py); needs the DLQ in this database.
+    delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, hide_input_in_errors=True)
+
+    @field_validator("dsn")
+    @classmethod
+    def _dsn(cls, value: SecretStr) -> SecretStr:
+        return check_dsn_syntax(value)  # type: ignore[return-value]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_required(cls, data: Any) -> Any:
+        """A version column without a default is required: a NULL version could never update its row."""
+        return _require_version(data)
+
+    def collapse_rule(self) -> CollapseRule:
+        """How this table collapses a batch's records of one row (see ingest.core.collapse)."""
+        if self.on_conflict == "none":
+            return CollapseRule(None)
+        names = list(self.columns)
+        return CollapseRule(tuple(names.index(k) for k in self.conflict_key),
+                            "first" if self.on_conflict == "nothing" else "last",
+                            names.index(self.version_column) if self.version_column else None)
+
+    @field_validator("columns")
+    @classmethod
+    def _pg_types(cls, value: dict[str, ColumnSpec]) -> dict[str, ColumnSpec]:
+        for name, spec in value.items():
+            try:
+                pg_base_type(spec.type)
+            except ValueError as exc:
+                raise ValueError(f"column {name!r}: {exc}") from None
+        return value
+
+    @field_validator("db_schema")
+    @classmethod
+    def _schema_name(cls, value: str) -> str:
+        return check_identifier(value)
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.delivery == "exactly_once"
+
+    @property
+    def postgres_dsn(self) -> SecretStr | None:
+        return self.dsn
+
+    @model_validator(mode="after")
+    def _keys(self) -> PostgresSinkSettings:
+        missing = [k for k in self.conflict_key if k not in self.columns]
+        if missing:
+            raise ValueError(f"conflict_key {missing} not among columns {list(self.columns)}")
+        if self.on_conflict != "none" and not self.conflict_key:
+            raise ValueError("conflict_key is required unless on_conflict is 'none'")
+        if len(set(self.conflict_key)) != len(self.conflict_key):
+            raise ValueError("conflict_key lists a column twice")
+        if self.version_column is not None and self.version_column not in self.columns:
+            raise ValueError(f"version_column {self.version_column!r} not among columns")
+        return self
+
+
+
+
+def _require_version(data: Any) -> Any:
+    """``columns[version_column].required = True`` in raw sink settings, unless the column has a default."""
+    if not isinstance(data, dict):
+        return data
+    version, columns = data.get("version_column"), data.get("columns")
+    if not isinstance(version, str) or not isinstance(columns, dict) or version not in columns:
+        return data
+    spec = columns[version]
+    if isinstance(spec, dict) and spec.get("default") is None and not spec.get("required"):
+        return {**data, "columns": {**columns, version: {**spec, "required": True}}}
+    if isinstance(spec, ColumnSpec) and spec.default is None and not spec.required:
+        return {**data, "columns": {**columns, version: spec.model_copy(update={"required": True})}}
+    return data
+
+

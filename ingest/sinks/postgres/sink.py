@@ -1,0 +1,156 @@
+"""PostgreSQL sink: one transaction per batch, idempotent multi-row upsert.
+
+Write path (``write_method: copy``, the default) -- chosen by measurement
+(``bench/``; see README): COPY the batch into a session-local temporary
+staging table, then one ``INSERT INTO t (...) SELECT ... FROM stage ON CONFLICT
+(key) DO UPDATE SET ...`` and COMMIT. The staging table is ``ON COMMIT DELETE
+ROWS`` and is created once per connection. ``write_method: values`` sends a
+multi-row ``INSERT ... VALUES`` instead (for poolers that forbid temp tables).
+
+Idempotency: rows are deduplicated by conflict key *before* they get here
+(PostgreSQL refuses to update one row twice in one statement), and the upsert
+makes a replayed batch a no-op. With ``version_column`` an update applies only
+when the incoming version is not older than the stored one, so a stale
+writer (e.g. a lane finishing after its partition moved) cannot overwrite a
+newer value.
+
+The SQL is composed once per table (:mod:`.statements`); driver errors are
+translated by :func:`ingest.drivers.postgres.translate`, the one place.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import ConnectionPool
+
+from ingest.drivers.postgres import check_dsn, translate
+from ingest.sinks.base import InTransaction
+from ingest.sinks.postgres.settings import PostgresSinkSettings
+from ingest.sinks.postgres.statements import UpsertStatements
+
+log = logging.getLogger(__name__)
+
+#: PostgreSQL's wire protocol counts bind parameters in 16 bits: one statement takes at most this many.
+MAX_PARAMETERS = 65_535
+
+
+class PostgresSink:
+    """Writes batches into one table. Thread-safe: each ``write`` borrows a pooled connection.
+
+    Owns its connection pool (created lazily on first use, closed by ``close``).
+    """
+
+    #: ``write`` ignores ``token``: the batch writer need not compute one.
+    dedup_tokens = False
+
+    def __init__(self, cfg: PostgresSinkSettings, *, pool_size: int, name: str = "sink") -> None:
+        self._cfg = cfg
+        self._sql = UpsertStatements(cfg)
+        self._pool_size = max(1, cfg.pool_size or pool_size)
+        self._name = name
+        self._pool: ConnectionPool | None = None
+        self._lock = threading.Lock()
+        #: statements sent per write, for tests and metrics (round trips that carry rows)
+        self.statements = 0
+
+    # -- connection management -------------------------------------------------
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        conn.autocommit = True
+        conn.execute(
+            sql.SQL("SET statement_timeout = {}").format(sql.Literal(int(self._cfg.statement_timeout_ms)))
+        )
+        if self._cfg.write_method == "copy":
+            conn.execute(self._sql.create_stage)
+
+    def _get_pool(self) -> ConnectionPool:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ConnectionPool(
+                    self._cfg.dsn.get_secret_value(),
+                    min_size=1,
+                    max_size=self._pool_size,
+                    configure=self._configure,
+                    check=ConnectionPool.check_connection,
+                    open=True,
+                    # Short waits for a connection: the caller's retry policy backs off and asks again,
+                    # while the pool keeps reconnecting in the background for as long as an outage lasts.
+                    timeout=5.0,
+                    reconnect_timeout=24 * 3600.0,
+                    name=self._name,
+                )
+            return self._pool
+
+    def warm_up(self, timeout_s: float = 2.0) -> None:
+        """Open the pool and wait up to ``timeout_s`` for its first connection.
+
+        Never raises: a failure is logged and the first write waits (and retries) as usual.
+        """
+        try:
+            self._get_pool().wait(timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - best effort; the write path owns the retries
+            log.warning("PostgreSQL not reachable at start; the first write will retry",
+                        extra={"sink": self._name, "error": type(exc).__name__})
+
+    def check(self) -> None:
+        """Connect and run ``SELECT 1``. Raises ServiceUnreachable (message without the password)."""
+        check_dsn(self._cfg.dsn.get_secret_value(), f"postgres sink {self._cfg.table!r}")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+    # -- writing ----------------------------------------------------------------
+    def write(self, rows: Sequence[tuple[Any, ...]], *, token: str | None = None,
+              in_tx: InTransaction | None = None) -> None:
+        """Write ``rows`` (collapsed) in one transaction; see :class:`ingest.sinks.base.Sink`.
+
+        ``in_tx(conn)`` runs inside the same transaction after the rows (replay marks its DLQ
+        entries there). ``token`` is accepted and ignored: the upsert already makes a replayed
+        batch a no-op.
+        """
+        if not rows and in_tx is None:
+            return
+        with translate() as t:
+            with self.connection() as conn:
+                t.conn = conn
+                with conn.transaction():
+                    if rows:
+                        self.write_rows_in(conn, rows)
+                    if in_tx is not None:
+                        in_tx(conn)
+
+    def connection(self) -> Any:
+        """A pooled connection (context manager); for work in one transaction with the rows."""
+        return self._get_pool().connection()
+
+    def write_rows_in(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
+        """Write ``rows`` inside the caller's open transaction; several such writes may share it
+        (exactly-once savepoints), so the stage is emptied after each."""
+        self._write_rows(conn, rows)
+        if self._cfg.write_method == "copy":
+            conn.execute(self._sql.clear_stage)
+
+    def _write_rows(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
+        with conn.cursor() as cur:
+            if self._cfg.write_method == "copy":
+                with cur.copy(self._sql.copy_stage) as copy:
+                    copy.set_types(self._sql.copy_types)
+                    for row in rows:
+                        copy.write_row(row)
+                cur.execute(self._sql.insert_from_stage)
+                self.statements += 2
+            else:
+                # One transaction, as many statements as the 65,535 bind parameters of the protocol need.
+                per_statement = max(1, MAX_PARAMETERS // len(self._sql.columns))
+                for start in range(0, len(rows), per_statement):
+                    chunk = rows[start:start + per_statement]
+                    cur.execute(self._sql.insert_values(len(chunk)), [v for row in chunk for v in row])
+                    self.statements += 1
