@@ -358,8 +358,7 @@ def _ch_config(tmp_path: Path, bootstrap: str, topic: str, group: str, chdb_url:
 
 
 @pytest.mark.parametrize("to", [
-    pytest.param("sink", marks=pytest.mark.xfail(strict=True, reason="finding 9: replay-dlq passes tx_hook to the "
-                                                                      "ClickHouse sink")),
+    "sink",
     "topic",
 ])
 def test_replay_dlq_into_clickhouse(to, kafka_bootstrap, pg_dsn, new_topic, group_id, chdb, tmp_path):
