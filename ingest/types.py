@@ -28,6 +28,22 @@ class Partition(NamedTuple):
 
 Headers = tuple[tuple[str, bytes | None], ...]
 
+#: The header ``replay-dlq --to topic`` adds: ``<topic>/<partition>/<offset>`` of the original record.
+REPLAY_OF_HEADER = "ingest.replay_of"
+
+
+def origin_of(headers: Headers) -> tuple[str, int, int] | None:
+    """The original position a republished record carries (``ingest.replay_of``), or None. Never raises."""
+    for name, value in headers:
+        if name == REPLAY_OF_HEADER and value:
+            topic, _, rest = value.decode("utf-8", "replace").rpartition("/")
+            topic, _, partition = topic.rpartition("/")
+            try:
+                return topic, int(partition), int(rest)
+            except ValueError:
+                return None
+    return None
+
 
 @dataclass(slots=True)
 class Record:
@@ -44,10 +60,20 @@ class Record:
     value: bytes | None
     timestamp_ms: int | None
     headers: Headers = ()
+    #: a record ``replay-dlq --to topic`` republished: where it was first read (topic, partition,
+    #: offset), from its ``ingest.replay_of`` header. It stands in for that record: ``@topic``,
+    #: ``@partition``, ``@offset`` and the row's source are the origin's; tracking and commits use
+    #: the record's own position.
+    origin: tuple[str, int, int] | None = None
 
     @property
     def tp(self) -> Partition:
         return Partition(self.topic, self.partition)
+
+    @property
+    def source_position(self) -> tuple[str, int, int]:
+        """(topic, partition, offset) the record stands for: its origin when republished, else its own."""
+        return self.origin if self.origin is not None else (self.topic, self.partition, self.offset)
 
     @property
     def size_bytes(self) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ingest.config import PipelineSettings, Settings
-from ingest.dlq.base import DeadLetterQueue
+from ingest.dlq.base import DeadLetterQueue, DlqReader
 from ingest.metrics import Metrics
 from ingest.runner import Pipeline, RunOptions
 from ingest.scheduler import WriteScheduler
@@ -34,17 +34,17 @@ def dlq_dsn(p: PipelineSettings) -> str:
 
 
 def build_dlq(settings: Settings, p: PipelineSettings) -> DeadLetterQueue:
-    """The pipeline's DLQ: the PostgreSQL table, or the Kafka topic (with the table for oversized records)."""
-    from ingest.dlq.postgres import PostgresDlq
+    """The pipeline's DLQ (by ``dlq.kind``, see :mod:`ingest.dlq.registry`)."""
+    from ingest.dlq import registry as dlq_registry
 
-    table = PostgresDlq(dlq_dsn(p), p.dlq.db_schema, p.dlq.table, pool_size=max(2, p.lanes)) \
-        if p.dlq.uses_postgres_table else None
-    if p.dlq.kind == "postgres":
-        assert table is not None
-        return table
-    from ingest.dlq.kafka import KafkaDlq
+    return dlq_registry.build_writer(settings, p)
 
-    return KafkaDlq(settings.kafka, p.dlq, oversized=table, stored_in=f"postgres:{p.dlq.db_schema}.{p.dlq.table}")
+
+def build_dlq_reader(settings: Settings, p: PipelineSettings) -> DlqReader:
+    """The pipeline's DLQ as ``ingest dlq`` and ``replay-dlq`` read it."""
+    from ingest.dlq import registry as dlq_registry
+
+    return dlq_registry.build_reader(settings, p)
 
 
 def sink_identity(p: PipelineSettings) -> str:

@@ -1,4 +1,4 @@
-"""``ingest dlq count|list|show``: inspect a pipeline's dead-letter queue without SQL."""
+"""``ingest dlq count|list|show``: inspect a pipeline's dead-letter queue without SQL, whatever its kind."""
 
 from __future__ import annotations
 
@@ -6,11 +6,22 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ingest.cli.app import EXIT_CONFIG, EXIT_FAILED, EXIT_UNREACHABLE, ConfigOpt, OnePipelineOpt, app, fail, load
+from ingest.cli.app import (
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_UNREACHABLE,
+    ConfigOpt,
+    OnePipelineOpt,
+    app,
+    fail,
+    load,
+    one,
+)
 from ingest.config import PipelineSettings, Settings
-from ingest.errors import ConfigError
+from ingest.dlq.base import STATUSES, DlqFilter, DlqReader
+from ingest.errors import ConfigError, ServiceUnreachable
 
-dlq_app = typer.Typer(help="Inspect the dead-letter queue (PostgreSQL DLQ backend).", no_args_is_help=True)
+dlq_app = typer.Typer(help="Inspect the dead-letter queue (PostgreSQL table or Kafka topic).", no_args_is_help=True)
 app.add_typer(dlq_app, name="dlq")
 
 ErrorClassOpt = Annotated[Optional[str], typer.Option("--error-class", help="Only this error class.")]
@@ -19,30 +30,40 @@ SinceOpt = Annotated[Optional[str], typer.Option("--since", help="Failed at or a
 UntilOpt = Annotated[Optional[str], typer.Option("--until", help="Failed before (ISO 8601).")]
 RangeOpt = Annotated[Optional[str], typer.Option("--offset-range", help="[PARTITION:]FROM-TO, inclusive.")]
 FormatOpt = Annotated[str, typer.Option("--format", help="table | json")]
+StatusOpt = Annotated[Optional[list[str]], typer.Option(
+    "--status", help=f"{' | '.join(STATUSES)} (repeatable; count: all, list: pending)")]
 
 
-def _dlq_store_and_filter(
-    settings: Settings, pipeline: str, error_class: str | None, stage: str | None, since: str | None,
-    until: str | None, offset_range: str | None, statuses: tuple[str, ...],
-) -> tuple[PipelineSettings, Any, Any]:
-    from ingest.cli.build import dlq_dsn
-    from ingest.dlq.store import DlqFilter, DlqStore, parse_offset_range, parse_time
+def open_dlq(settings: Settings, name: str, *, error_class: str | None = None, stage: str | None = None,
+             since: str | None = None, until: str | None = None, offset_range: str | None = None,
+             statuses: tuple[str, ...] = ("pending",)) -> tuple[PipelineSettings, DlqReader, DlqFilter]:
+    """The pipeline, its DLQ reader and the filter of the options; exit 2 on a bad option."""
+    from ingest.cli.build import build_dlq_reader
+    from ingest.dlq.store import parse_offset_range, parse_time
 
+    p = one(settings, name)
     try:
-        p = settings.pipeline(pipeline)
-        if p.dlq.kind != "postgres":
-            raise ConfigError(f"pipelines.{p.name}.dlq.kind is {p.dlq.kind!r}: this command reads the PostgreSQL DLQ")
+        bad = [s for s in statuses if s not in STATUSES]
+        if bad:
+            raise ConfigError(f"--status {bad[0]!r}: expected one of {', '.join(STATUSES)}")
         part, lo, hi = parse_offset_range(offset_range) if offset_range else (None, None, None)
         flt = DlqFilter(
             pipeline=p.name, error_class=error_class, stage=stage, since=parse_time(since, "--since"),
             until=parse_time(until, "--until"), partition=part, offset_from=lo, offset_to=hi, statuses=statuses,
         )
-        return p, DlqStore(dlq_dsn(p), p.dlq.db_schema, p.dlq.table), flt
     except ConfigError as exc:
         raise fail(EXIT_CONFIG, str(exc)) from None
+    return p, build_dlq_reader(settings, p), flt
 
 
-StatusOpt = Annotated[Optional[list[str]], typer.Option("--status", help="pending | replayed | gave_up (repeatable; default pending)")]
+def call(fn: Any) -> Any:
+    """Run a DLQ read or mark; an unreachable DLQ exits 3, a missing one 1 (run ``ingest migrate``)."""
+    try:
+        return fn()
+    except ServiceUnreachable as exc:
+        raise fail(EXIT_UNREACHABLE, f"unreachable: {exc}") from None
+    except ConfigError as exc:
+        raise fail(EXIT_FAILED, str(exc)) from None
 
 
 @dlq_app.command("count")
@@ -51,13 +72,17 @@ def dlq_count(config: ConfigOpt = None, pipeline: OnePipelineOpt = "", error_cla
               offset_range: RangeOpt = None, status: StatusOpt = None, fmt: FormatOpt = "table") -> None:
     """Count DLQ entries by stage, error class and status."""
     settings = load(config)
-    _, store, flt = _dlq_store_and_filter(settings, pipeline, error_class, stage, since, until, offset_range,
-                                          tuple(status or ["pending", "replayed", "gave_up"]))
-    rows = _dlq_call(lambda: store.count_by_class(flt))
+    _, reader, flt = open_dlq(settings, pipeline, error_class=error_class, stage=stage, since=since, until=until,
+                              offset_range=offset_range, statuses=tuple(status or STATUSES))
+    try:
+        rows = call(lambda: reader.count(flt))
+    finally:
+        reader.close()
     if fmt == "json":
         import orjson
 
-        typer.echo(orjson.dumps([{"stage": a, "error_class": b, "status": c, "count": n} for a, b, c, n in rows]).decode())
+        typer.echo(orjson.dumps([{"stage": a, "error_class": b, "status": c, "count": n}
+                                 for a, b, c, n in rows]).decode())
         return
     from rich.console import Console
     from rich.table import Table
@@ -79,9 +104,12 @@ def dlq_list(config: ConfigOpt = None, pipeline: OnePipelineOpt = "", error_clas
              fmt: FormatOpt = "table") -> None:
     """List DLQ entries (oldest first) with their provenance and error."""
     settings = load(config)
-    _, store, flt = _dlq_store_and_filter(settings, pipeline, error_class, stage, since, until, offset_range,
-                                          tuple(status or ["pending"]))
-    rows = _dlq_call(lambda: store.fetch(flt, limit=limit))
+    _, reader, flt = open_dlq(settings, pipeline, error_class=error_class, stage=stage, since=since, until=until,
+                              offset_range=offset_range, statuses=tuple(status or ["pending"]))
+    try:
+        rows = call(lambda: reader.fetch(flt, limit=limit))
+    finally:
+        reader.close()
     if fmt == "json":
         import orjson
 
@@ -100,27 +128,17 @@ def dlq_list(config: ConfigOpt = None, pipeline: OnePipelineOpt = "", error_clas
 
 
 @dlq_app.command("show")
-def dlq_show(entry_id: Annotated[int, typer.Argument(help="DLQ entry id (from `dlq list`).")],
+def dlq_show(entry_id: Annotated[str, typer.Argument(help="DLQ entry id (from `dlq list`).")],
              config: ConfigOpt = None, pipeline: OnePipelineOpt = "") -> None:
     """Show one DLQ entry in full (value as UTF-8 text, or base64 when it is not text) as JSON."""
     settings = load(config)
-    _, store, _ = _dlq_store_and_filter(settings, pipeline, None, None, None, None, None, ("pending",))
-    row = _dlq_call(lambda: store.get(entry_id))
+    _, reader, _ = open_dlq(settings, pipeline)
+    try:
+        row = call(lambda: reader.get(entry_id))
+    finally:
+        reader.close()
     if row is None:
         raise fail(EXIT_FAILED, f"no DLQ entry {entry_id}")
     import orjson
 
     typer.echo(orjson.dumps(row.as_dict(), option=orjson.OPT_INDENT_2).decode())
-
-
-def _dlq_call(fn: Any) -> Any:
-    import psycopg
-
-    try:
-        return fn()
-    except psycopg.OperationalError as exc:
-        from ingest.drivers.postgres import classify
-
-        raise fail(EXIT_UNREACHABLE, f"unreachable: DLQ database: {classify(exc)}") from None
-    except psycopg.errors.UndefinedTable:
-        raise fail(EXIT_FAILED, "the DLQ table does not exist: run `ingest migrate`") from None

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from ingest.core.collapse import CollapseRule
 
-SOURCE_RE = re.compile(r"^(\$(\.[^.\[\]]+|\[\d+\])*|@(key|topic|partition|offset|timestamp|header\.[^\s]+))$")
+SOURCE_RE = re.compile(r"^(\$(\.[^.\[\]]+|\[\d+\])*|@(key|topic|partition|offset|stream|timestamp|header\.[^\s]+))$")
 SECRET_CLIENT_KEYS = ("password", "secret", "sasl.oauthbearer.config", "ssl.key.pem")
 
 
@@ -112,6 +112,11 @@ class SinkSettingsBase(Frozen):
     @property
     def exactly_once(self) -> bool:
         """Offsets are stored with the rows (the sink's backend declares the capability)."""
+        return False
+
+    @property
+    def tracks_sources(self) -> bool:
+        """Rows remember which record they were last written from (replay's order guard reads it)."""
         return False
 
     @property

@@ -36,7 +36,10 @@ takes them raw; any other column gets them decoded as UTF-8 text and then
 coerced like a JSON string (so ``@key`` into ``bigint`` parses ``b"42"``, and
 ``@key`` into ``jsonb`` stores a JSON string). ``@topic`` is a string,
 ``@partition``/``@offset``/``@timestamp`` are integers (``@timestamp`` is epoch
-milliseconds, so it can feed a ``timestamptz`` column directly).
+milliseconds, so it can feed a ``timestamptz`` column directly); ``@stream`` is
+the topic and partition as one signed 64-bit id (:func:`ingest.core.routing.stream_id`).
+A record ``replay-dlq --to topic`` republished stands for its origin:
+``@topic``, ``@partition``, ``@offset`` and ``@stream`` are the original record's.
 
 Known limit: orjson parses integers outside the 64-bit range as ``float``, so a
 JSON number such as ``123456789012345678901234567890`` loses precision in a
@@ -61,6 +64,7 @@ import orjson
 from ingest.config.base import ColumnSpec
 from ingest.core.dialects import CH_INT_RANGES, ChType, ch_type, pg_base_type
 from ingest.core.fastmap import FastColumn, compile_fast_map
+from ingest.core.routing import stream_id
 from ingest.errors import InvalidRecord
 from ingest.types import Record
 
@@ -94,7 +98,7 @@ _MAX_DATETIME_TEXT = 64
 _fromisoformat = datetime.fromisoformat
 
 _PATH_STEP = re.compile(r"\.([^.\[\]]+)|\[([0-9]+)\]")
-_METADATA = ("@key", "@topic", "@partition", "@offset", "@timestamp")
+_METADATA = ("@key", "@topic", "@partition", "@offset", "@stream", "@timestamp")
 
 
 class _Bad(Exception):
@@ -644,12 +648,16 @@ def _metadata_getter(source: str, as_text: bool) -> Getter:
         if as_text:
             return lambda record, doc: _decode_text(record.key, "Kafka key")
         return lambda record, doc: record.key
+    # A republished record stands for its origin (ingest.types.Record.origin).
     if source == "@topic":
-        return lambda record, doc: record.topic
+        return lambda record, doc: record.topic if record.origin is None else record.origin[0]
     if source == "@partition":
-        return lambda record, doc: record.partition
+        return lambda record, doc: record.partition if record.origin is None else record.origin[1]
     if source == "@offset":
-        return lambda record, doc: record.offset
+        return lambda record, doc: record.offset if record.origin is None else record.origin[2]
+    if source == "@stream":
+        return lambda record, doc: (stream_id(record.topic, record.partition) if record.origin is None
+                                    else stream_id(record.origin[0], record.origin[1]))
     if source == "@timestamp":
         return lambda record, doc: record.timestamp_ms
     if source.startswith("@header.") and len(source) > len("@header."):

@@ -25,17 +25,27 @@ Pure logic: no I/O. Not thread-safe (the round-robin counter).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import zlib
 from datetime import date, datetime, timezone
 from decimal import Decimal
 from typing import Any, Literal
 
-__all__ = ["LaneRouter", "key_bytes", "stable_hash"]
+__all__ = ["LaneRouter", "key_bytes", "stable_hash", "stream_id"]
 
 
 def stable_hash(key: bytes) -> int:
     """Return ``zlib.crc32(key)``: an int in ``[0, 2**32)``, the same in every process and run. Never raises."""
     return zlib.crc32(key)
+
+
+@functools.lru_cache(maxsize=65536)
+def stream_id(topic: str, partition: int) -> int:
+    """A partition as one signed 64-bit number (BLAKE2b of topic and partition): the *stream* a row's
+    source column records, the same in every process. Never raises."""
+    digest = hashlib.blake2b(b"%s\x00%d" % (topic.encode(), partition), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
 
 
 def key_bytes(value: Any) -> bytes:

@@ -1,47 +1,30 @@
-"""Reading and updating the PostgreSQL DLQ table: filters, listing, replay bookkeeping.
+"""Reading and resolving the PostgreSQL DLQ table: the :class:`~ingest.dlq.base.DlqReader` of ``dlq.kind: postgres``
+(and of the table a Kafka DLQ keeps oversized records in).
 
-Entry life cycle (column ``status``):
-
-- ``pending``  -- dead-lettered, waiting for a fix and a replay;
-- ``replayed`` -- written by ``ingest replay-dlq`` (kept for audit; ``--purge`` deletes instead);
-- ``gave_up``  -- failed ``max_replays`` replays; the loop guard skips it from then on.
-
-Every statement names the table through :class:`psycopg.sql.Identifier`.
+Every statement names the table through :class:`psycopg.sql.Identifier`. Short-lived
+connections (no pool): the commands run a few statements each.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from ingest.dlq.base import DlqFilter, DlqRow
 from ingest.dlq.postgres import headers_from_json
-from ingest.errors import ConfigError
+from ingest.drivers.postgres import classify
+from ingest.errors import ConfigError, ServiceUnreachable
 from ingest.redact import scrub
-from ingest.types import Failure, Record
+from ingest.types import Failure, Record, origin_of
 
 _OFFSET_RANGE = re.compile(r"^(?:(\d+):)?(\d+)?-(\d+)?$")
-
-
-@dataclass(frozen=True, slots=True)
-class DlqFilter:
-    """Which DLQ entries a command looks at. Every field narrows the selection."""
-
-    pipeline: str
-    error_class: str | None = None
-    stage: str | None = None
-    since: datetime | None = None  # on last_failed_at, inclusive
-    until: datetime | None = None  # on last_failed_at, exclusive
-    partition: int | None = None
-    offset_from: int | None = None  # inclusive
-    offset_to: int | None = None  # inclusive
-    statuses: tuple[str, ...] = ("pending",)
+T = TypeVar("T")
 
 
 def parse_offset_range(text: str) -> tuple[int | None, int | None, int | None]:
@@ -64,51 +47,27 @@ def parse_time(text: str | None, option: str) -> datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
-@dataclass(slots=True)
-class DlqRow:
-    id: int
-    record: Record
-    failure: Failure
-    attempts: int
-    replays: int
-    status: str
-    first_failed_at: datetime
-    last_failed_at: datetime
-
-    def as_dict(self, *, with_value: bool = True) -> dict[str, Any]:
-        rec = self.record
-        out: dict[str, Any] = {
-            "id": self.id, "topic": rec.topic, "partition": rec.partition, "offset": rec.offset,
-            "timestamp_ms": rec.timestamp_ms, "stage": self.failure.stage, "error_class": self.failure.error_class,
-            "error_message": self.failure.message, "sqlstate": self.failure.sqlstate, "attempts": self.attempts,
-            "replays": self.replays, "status": self.status,
-            "first_failed_at": self.first_failed_at.isoformat(), "last_failed_at": self.last_failed_at.isoformat(),
-        }
-        if with_value:
-            out["key"] = _text(rec.key)
-            out["value"] = _text(rec.value)
-            out["headers"] = {k: _text(v) for k, v in rec.headers}
-        return out
-
-
-def _text(raw: bytes | None) -> str | None:
-    if raw is None:
-        return None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return "base64:" + __import__("base64").b64encode(raw).decode()
-
-
 class DlqStore:
-    """The DLQ table of one pipeline config. Opens short-lived connections; not a pool."""
+    """The DLQ table of one pipeline config (a :class:`~ingest.dlq.base.DlqReader`)."""
+
+    can_purge = True
 
     def __init__(self, dsn: str, schema: str, table: str) -> None:
         self._dsn = dsn
         self._table = sql.Identifier(schema, table)
 
-    def connect(self) -> psycopg.Connection[Any]:
+    def _connect(self) -> psycopg.Connection[Any]:
         return psycopg.connect(self._dsn, connect_timeout=10)
+
+    def _run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """One unit of work in its own transaction; errors become ServiceUnreachable / ConfigError."""
+        try:
+            with self._connect() as conn:
+                return fn(conn)
+        except psycopg.errors.UndefinedTable:
+            raise ConfigError("the DLQ table does not exist: run `ingest migrate`") from None
+        except psycopg.Error as exc:
+            raise ServiceUnreachable("DLQ database", str(classify(exc))) from None
 
     def _where(self, f: DlqFilter) -> tuple[sql.Composable, list[Any]]:
         parts = [sql.SQL("pipeline = %s"), sql.SQL("status = ANY(%s)")]
@@ -123,43 +82,76 @@ class DlqStore:
                 params.append(value)
         return sql.SQL(" AND ").join(parts), params
 
-    def count_by_class(self, f: DlqFilter) -> list[tuple[str, str, str, int]]:
+    # -- reading ----------------------------------------------------------------------
+    def count(self, f: DlqFilter) -> list[tuple[str, str, str, int]]:
         where, params = self._where(f)
         query = sql.SQL(
             "SELECT stage, error_class, status, count(*) FROM {t} WHERE {w} GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
         ).format(t=self._table, w=where)
-        with self.connect() as conn:
-            return [tuple(r) for r in conn.execute(query, params)]  # type: ignore[misc]
+        return self._run(lambda conn: [tuple(r) for r in conn.execute(query, params)])  # type: ignore[misc]
 
-    def fetch(self, f: DlqFilter, *, limit: int, after_id: int = 0) -> list[DlqRow]:
-        """Entries matching ``f`` with ``id > after_id``, oldest id first."""
+    def fetch(self, f: DlqFilter, *, limit: int, after: int | str | None = None) -> list[DlqRow]:
+        """Entries matching ``f`` with ``id > after``, oldest id first."""
         where, params = self._where(f)
         query = sql.SQL("SELECT * FROM {t} WHERE {w} AND id > %s ORDER BY id LIMIT %s").format(t=self._table, w=where)
-        with self.connect() as conn, conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(query, [*params, after_id, limit])
-            return [_row(r) for r in cur.fetchall()]
 
-    def get(self, entry_id: int) -> DlqRow | None:
+        def select(conn: psycopg.Connection[Any]) -> list[DlqRow]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(query, [*params, int(after or 0), limit])
+                return [_row(r) for r in cur.fetchall()]
+
+        return self._run(select)
+
+    def get(self, entry_id: str) -> DlqRow | None:
+        try:
+            wanted = int(entry_id)
+        except ValueError:
+            return None
         query = sql.SQL("SELECT * FROM {t} WHERE id = %s").format(t=self._table)
-        with self.connect() as conn, conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(query, [entry_id])
-            row = cur.fetchone()
-            return _row(row) if row else None
 
-    # -- replay bookkeeping (each takes an open connection: callers choose the transaction) --
-    def mark_replayed(self, conn: psycopg.Connection[Any], ids: Sequence[int], *, purge: bool) -> None:
+        def select(conn: psycopg.Connection[Any]) -> DlqRow | None:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(query, [wanted])
+                row = cur.fetchone()
+                return _row(row) if row else None
+
+        return self._run(select)
+
+    def value_of(self, pipeline: str, record: Record) -> bytes | None:
+        """The stored value of a record by its position (a Kafka DLQ's reference points here)."""
+        query = sql.SQL('SELECT value FROM {t} WHERE pipeline = %s AND topic = %s AND "partition" = %s '
+                        'AND "offset" = %s').format(t=self._table)
+        row = self._run(lambda conn: conn.execute(
+            query, (pipeline, record.topic, record.partition, record.offset)).fetchone())
+        return bytes(row[0]) if row and row[0] is not None else None
+
+    # -- resolving -------------------------------------------------------------------------
+    def shares_database(self, dsn: str | None) -> bool:
+        return dsn is not None and dsn == self._dsn
+
+    def replayed_in(self, conn: psycopg.Connection[Any], ids: Sequence[int | str], *, purge: bool = False) -> None:
         if not ids:
             return
         if purge:
-            conn.execute(sql.SQL("DELETE FROM {t} WHERE id = ANY(%s)").format(t=self._table), [list(ids)])
+            conn.execute(sql.SQL("DELETE FROM {t} WHERE id = ANY(%s)").format(t=self._table), [[int(i) for i in ids]])
         else:
             conn.execute(
                 sql.SQL("UPDATE {t} SET status = 'replayed', replays = replays + 1, replayed_at = now() "
                         "WHERE id = ANY(%s)").format(t=self._table),
-                [list(ids)],
+                [[int(i) for i in ids]],
             )
 
-    def mark_failed(self, conn: psycopg.Connection[Any], failures: Sequence[tuple[int, Failure]], max_replays: int) -> None:
+    def mark_replayed(self, ids: Sequence[int | str], *, purge: bool = False) -> None:
+        if ids:
+            self._run(lambda conn: self.replayed_in(conn, ids, purge=purge))
+
+    def mark_superseded(self, ids: Sequence[int | str]) -> None:
+        if ids:
+            query = sql.SQL("UPDATE {t} SET status = 'superseded', replayed_at = now() WHERE id = ANY(%s)").format(
+                t=self._table)
+            self._run(lambda conn: conn.execute(query, [[int(i) for i in ids]]))
+
+    def mark_failed(self, failures: Sequence[tuple[int | str, Failure]], max_replays: int) -> None:
         """A replay failed again: bump attempts and replays, store the new error; give up at max_replays."""
         if not failures:
             return
@@ -168,26 +160,33 @@ class DlqStore:
             "stage = %s, error_class = %s, error_message = %s, sqlstate = %s, "
             "status = CASE WHEN replays + 1 >= %s THEN 'gave_up' ELSE 'pending' END WHERE id = %s"
         ).format(t=self._table)
-        with conn.cursor() as cur:
-            cur.executemany(
-                query,
-                [(f.stage, f.error_class, scrub(f.message)[:4000], f.sqlstate, max_replays, i) for i, f in failures],
-            )
+        params = [(f.stage, f.error_class, scrub(f.message)[:4000], f.sqlstate, max_replays, int(i))
+                  for i, f in failures]
 
-    def give_up(self, conn: psycopg.Connection[Any], ids: Sequence[int]) -> None:
+        def update(conn: psycopg.Connection[Any]) -> None:
+            with conn.cursor() as cur:
+                cur.executemany(query, params)
+
+        self._run(update)
+
+    def give_up(self, ids: Sequence[int | str]) -> None:
         if ids:
-            conn.execute(sql.SQL("UPDATE {t} SET status = 'gave_up' WHERE id = ANY(%s)").format(t=self._table),
-                         [list(ids)])
+            query = sql.SQL("UPDATE {t} SET status = 'gave_up' WHERE id = ANY(%s)").format(t=self._table)
+            self._run(lambda conn: conn.execute(query, [[int(i) for i in ids]]))
+
+    def close(self) -> None:
+        pass
 
 
 def _row(r: dict[str, Any]) -> DlqRow:
     ts = r["record_timestamp"]
+    headers = headers_from_json(r["headers"])
     record = Record(
         r["topic"], r["partition"], r["offset"],
         bytes(r["key"]) if r["key"] is not None else None,
         bytes(r["value"]) if r["value"] is not None else None,
         int(ts.timestamp() * 1000) if ts is not None else None,
-        headers_from_json(r["headers"]),
+        headers, origin_of(headers),
     )
     return DlqRow(
         id=r["id"], record=record,

@@ -61,7 +61,8 @@ class Capabilities:
     insert_tokens: bool = False
     #: ``sink.delivery: exactly_once`` is supported (offsets stored with the rows).
     exactly_once: bool = False
-    #: ``Sink.row_sources(rows)`` tells which record each row was last written from (replay's order guard).
+    #: ``sink.row_sources(keys)`` tells which record each row was last written from (replay's order
+    #: guard), for tables whose settings say ``tracks_sources``.
     row_sources: bool = False
 
 

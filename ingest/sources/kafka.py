@@ -26,7 +26,7 @@ from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException
 from ingest.config import KafkaSettings
 from ingest.errors import ServiceUnreachable, TransientError
 from ingest.sources.base import Backlog, RebalanceListener
-from ingest.types import Partition, Record
+from ingest.types import Partition, Record, origin_of
 
 log = logging.getLogger(__name__)
 
@@ -108,12 +108,13 @@ class KafkaSource:
                 continue
             _, ts = msg.timestamp()
             headers = msg.headers()
-            append(
-                Record(
-                    msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                    ts if ts >= 0 else None, tuple(headers) if headers else (),
-                )
-            )
+            if headers:
+                header_tuple = tuple(headers)
+                append(Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                              ts if ts >= 0 else None, header_tuple, origin_of(header_tuple)))
+            else:
+                append(Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                              ts if ts >= 0 else None))
         return records
 
     def assignment(self) -> list[Partition]:

@@ -284,7 +284,8 @@ def test_migrate_creates_tables(tmp_path, kafka_bootstrap, pg_dsn):
     assert {"orders", "ingest_dlq", "ingest_offsets"} <= set(tables_in(pg_dsn))
 
     cols = columns_of(pg_dsn, "orders")
-    assert list(cols) == ["order_id", "status", "amount", "updated_at", "kafka_offset"]
+    assert list(cols) == ["order_id", "status", "amount", "updated_at", "kafka_offset",
+                          "_ingest_stream", "_ingest_offset"]  # the hidden row-source columns
     assert cols["order_id"][:2] == ("bigint", "NO")
     assert cols["status"][:2] == ("text", "YES")
     assert cols["amount"] == ("numeric", "YES", 12, 2)
@@ -411,7 +412,7 @@ def test_migrate_hostile_identifiers(tmp_path, kafka_bootstrap, pg_dsn):
     assert sorted(tables) == sorted(["x", HOSTILE_TABLE, 'dlq"; DROP TABLE x; --', "ingest_offsets", "ingest_lane_offsets"])
 
     cols = columns_of(pg_dsn, HOSTILE_TABLE)
-    assert list(cols) == [HOSTILE_COLUMN, "x); DROP TABLE x; --", "Mixed Case"]
+    assert list(cols) == [HOSTILE_COLUMN, "x); DROP TABLE x; --", "Mixed Case", "_ingest_stream", "_ingest_offset"]
     assert cols[HOSTILE_COLUMN][:2] == ("bigint", "NO")
     assert cols["x); DROP TABLE x; --"][0] == "text"
     assert cols["Mixed Case"][0] == "character varying"

@@ -728,11 +728,12 @@ def test_one_poison_row_costs_log_n_statements_on_a_real_table(pg_dsn: str, tmp_
     cfg = PgSettings(dsn=pg_dsn, table=TABLE, conflict_key=["id"], columns=columns())
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE {TABLE} (id bigint PRIMARY KEY, amount numeric(12,2) NOT NULL "
-                     f"CHECK (amount >= 0), code varchar(8), customer_id bigint, note text)")
+                     f"CHECK (amount >= 0), code varchar(8), customer_id bigint, note text, "
+                     f"_ingest_stream bigint, _ingest_offset bigint)")
     sink = PostgresSink(cfg, pool_size=1)
     try:
         n = 1024
-        rows = [(i, Decimal("1.00") if i != 700 else Decimal("-1.00"), f"c{i}", None, None) for i in range(n)]
+        rows = [(i, Decimal("1.00") if i != 700 else Decimal("-1.00"), f"c{i}", None, None, 1, i) for i in range(n)]
         calls = [0]
 
         def write(piece):

@@ -88,7 +88,8 @@ def test_example_yaml_loads() -> None:
     assert p.sink.conflict_key == ["order_id"]
     assert p.sink.on_conflict == "update"
     assert p.sink.version_column == "kafka_offset"
-    assert list(p.sink.columns) == ["order_id", "status", "amount", "updated_at", "kafka_offset"]
+    assert list(p.sink.columns) == ["order_id", "status", "amount", "updated_at", "kafka_offset",
+                                    "_ingest_stream", "_ingest_offset"]  # the hidden source columns
     assert p.sink.columns["amount"].type == "numeric(12,2)"
     assert p.sink.columns["order_id"].required is True
     assert p.sink.columns["kafka_offset"].source == "@offset"

@@ -20,7 +20,7 @@ from ingest.core.dialects import pg_base_type
 from ingest.drivers.postgres import classify, execute_ddl, load_sql
 from ingest.errors import ConfigError, MigrationError
 from ingest.sinks.postgres.exactly_once import LANE_OFFSETS_TABLE, OFFSETS_TABLE
-from ingest.sinks.postgres.settings import PostgresSinkSettings
+from ingest.sinks.postgres.settings import SOURCE_COLUMNS, PostgresSinkSettings
 
 
 def sink_table_sql(cfg: PostgresSinkSettings) -> list[sql.Composable]:
@@ -34,12 +34,15 @@ def sink_table_sql(cfg: PostgresSinkSettings) -> list[sql.Composable]:
         )
     if cfg.conflict_key:
         cols.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(sql.Identifier(k) for k in cfg.conflict_key)))
-    return [
+    table = sql.Identifier(cfg.db_schema, cfg.table)
+    statements: list[sql.Composable] = [
         sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(cfg.db_schema)),
-        sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
-            sql.Identifier(cfg.db_schema, cfg.table), sql.SQL(", ").join(cols)
-        ),
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(table, sql.SQL(", ").join(cols)),
     ]
+    if cfg.tracks_sources:  # tables made before ingest kept row sources get the columns (NULL: unknown)
+        statements += [sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} bigint").format(table, sql.Identifier(name))
+                       for name in SOURCE_COLUMNS]
+    return statements
 
 
 def offsets_table_sql(schema: str) -> sql.Composed:

@@ -1,4 +1,13 @@
-"""Settings of the PostgreSQL sink (``sink.kind: postgres``)."""
+"""Settings of the PostgreSQL sink (``sink.kind: postgres``).
+
+Tables that update rows (``on_conflict: update``) get two hidden columns, added
+here like ClickHouse's hidden ``_version``: ``_ingest_stream`` (the topic and
+partition of the record a row was last written from, as one 64-bit id) and
+``_ingest_offset`` (its offset). Every upsert guards on them -- a record older
+than the row *from the same partition* does not overwrite it -- and
+``replay-dlq`` reads them to tell whether a dead-lettered record is older than
+its row. ``migrate`` adds them to existing tables.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +18,14 @@ from pydantic import ConfigDict, Field, SecretStr, field_validator, model_valida
 from ingest.config.base import ColumnSpec, SinkSettingsBase, check_dsn_syntax, check_identifier
 from ingest.core.collapse import CollapseRule
 from ingest.core.dialects import pg_base_type
+
+#: Hidden columns of tables that update rows: where each row was last written from.
+STREAM_COLUMN, OFFSET_COLUMN = "_ingest_stream", "_ingest_offset"
+SOURCE_COLUMNS: dict[str, dict[str, str]] = {
+    STREAM_COLUMN: {"type": "bigint", "source": "@stream"},
+    OFFSET_COLUMN: {"type": "bigint", "source": "@offset"},
+}
+RESERVED_PREFIX = "_ingest_"
 
 
 class PostgresSinkSettings(SinkSettingsBase):
@@ -49,7 +66,12 @@ class PostgresSinkSettings(SinkSettingsBase):
     @classmethod
     def _version_required(cls, data: Any) -> Any:
         """A version column without a default is required: a NULL version could never update its row."""
-        return _require_version(data)
+        return _add_source_columns(_require_version(data))
+
+    @property
+    def tracks_sources(self) -> bool:
+        """Rows carry the hidden source columns (tables that update rows)."""
+        return STREAM_COLUMN in self.columns
 
     def collapse_rule(self) -> CollapseRule:
         """How this table collapses a batch's records of one row (see ingest.core.collapse)."""
@@ -97,6 +119,31 @@ class PostgresSinkSettings(SinkSettingsBase):
         return self
 
 
+
+
+def _add_source_columns(data: Any) -> Any:
+    """Add the hidden source columns to raw settings of a table that updates rows (see the module
+    docstring); a user column may not take a reserved name."""
+    if not isinstance(data, dict) or data.get("on_conflict", "update") != "update":
+        return data
+    columns = data.get("columns")
+    if not isinstance(columns, dict) or not columns:
+        return data
+    for name, spec in columns.items():
+        if str(name).startswith(RESERVED_PREFIX) and SOURCE_COLUMNS.get(name) != _plain(spec):
+            raise ValueError(f"column {name!r}: names starting with {RESERVED_PREFIX!r} are reserved for ingest")
+    if all(name in columns for name in SOURCE_COLUMNS):
+        return data
+    return {**data, "columns": {**columns, **SOURCE_COLUMNS}}
+
+
+def _plain(spec: Any) -> Any:
+    """A column spec as the dict it was written as (for comparing with the hidden ones)."""
+    if isinstance(spec, ColumnSpec):
+        spec = spec.model_dump()
+    if isinstance(spec, dict):
+        return {k: v for k, v in spec.items() if v is not None and v is not False}
+    return spec
 
 
 def _require_version(data: Any) -> Any:

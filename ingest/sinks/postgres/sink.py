@@ -30,9 +30,9 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from ingest.drivers.postgres import check_dsn, translate
-from ingest.sinks.base import InTransaction
+from ingest.sinks.base import InTransaction, RowSource
 from ingest.sinks.postgres.settings import PostgresSinkSettings
-from ingest.sinks.postgres.statements import UpsertStatements
+from ingest.sinks.postgres.statements import UpsertStatements, row_sources_query
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,22 @@ class PostgresSink:
                         self.write_rows_in(conn, rows)
                     if in_tx is not None:
                         in_tx(conn)
+
+    def row_sources(self, keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], RowSource]:
+        """Where the rows with these conflict keys were last written from (rows that do not exist are
+        left out). Only for tables with source columns (``tracks_sources``)."""
+        out: dict[tuple[Any, ...], RowSource] = {}
+        width = len(self._cfg.conflict_key)
+        per_query = max(1, MAX_PARAMETERS // max(1, width))
+        with translate() as t, self.connection() as conn:
+            t.conn = conn
+            for start in range(0, len(keys), per_query):
+                chunk = keys[start:start + per_query]
+                rows = conn.execute(row_sources_query(self._cfg, len(chunk)), [v for k in chunk for v in k]).fetchall()
+                for row in rows:
+                    out[tuple(row[:width])] = RowSource(row[width], row[width + 1])
+            conn.rollback()
+        return out
 
     def connection(self) -> Any:
         """A pooled connection (context manager); for work in one transaction with the rows."""

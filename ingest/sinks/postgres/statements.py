@@ -12,7 +12,7 @@ import hashlib
 from psycopg import sql
 
 from ingest.core.dialects import pg_base_type
-from ingest.sinks.postgres.settings import PostgresSinkSettings
+from ingest.sinks.postgres.settings import OFFSET_COLUMN, STREAM_COLUMN, PostgresSinkSettings
 
 
 def table_ident(schema: str, table: str) -> sql.Composable:
@@ -87,11 +87,31 @@ class UpsertStatements:
         )
         clause = sql.SQL(" ON CONFLICT ({keys}) DO UPDATE SET {set}").format(keys=keys, set=assignments)
         if cfg.version_column:
+            # The version orders records, across partitions too.
             v = sql.Identifier(cfg.version_column)
-            clause = sql.SQL("{clause} WHERE t.{v} IS NULL OR EXCLUDED.{v} >= t.{v}").format(clause=clause, v=v)
+            return sql.SQL("{clause} WHERE t.{v} IS NULL OR EXCLUDED.{v} >= t.{v}").format(clause=clause, v=v)
+        if cfg.tracks_sources:
+            # Offsets order the records of one partition only: an older record of the row's own
+            # partition never overwrites it (a late writer, a replayed dead letter); records of
+            # other partitions apply in arrival order.
+            s, o = sql.Identifier(STREAM_COLUMN), sql.Identifier(OFFSET_COLUMN)
+            return sql.SQL("{clause} WHERE t.{s} IS DISTINCT FROM EXCLUDED.{s} OR t.{o} IS NULL "
+                           "OR EXCLUDED.{o} >= t.{o}").format(clause=clause, s=s, o=o)
         return clause
 
     def insert_values(self, n_rows: int) -> sql.Composable:
         return sql.Composed(
             [self._insert_values_head, sql.SQL(", ").join([self._row_placeholder] * n_rows), self._conflict]
         )
+
+
+def row_sources_query(cfg: PostgresSinkSettings, n_keys: int) -> sql.Composable:
+    """``SELECT key..., _ingest_stream, _ingest_offset`` of the rows with ``n_keys`` given keys (typed placeholders)."""
+    keys = list(cfg.conflict_key)
+    types = [pg_base_type(cfg.columns[k].type)[1] for k in keys]
+    one = sql.SQL("({})").format(sql.SQL(", ").join(
+        sql.SQL("{}::{}").format(sql.Placeholder(), sql.SQL(t)) for t in types))
+    return sql.SQL("SELECT {keys}, {s}, {o} FROM {t} WHERE ({keys}) IN (VALUES {values})").format(
+        keys=sql.SQL(", ").join(sql.Identifier(k) for k in keys), s=sql.Identifier(STREAM_COLUMN),
+        o=sql.Identifier(OFFSET_COLUMN), t=table_ident(cfg.db_schema, cfg.table),
+        values=sql.SQL(", ").join([one] * n_keys))
