@@ -15,7 +15,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 
 _BATCH_ROWS_BUCKETS = (1, 10, 50, 100, 500, 1000, 2000, 5000, 10000, 50000)
 _BATCH_BYTES_BUCKETS = (1 << 10, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26)

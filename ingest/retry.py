@@ -11,7 +11,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, stop_never, wait_random_exponential
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_never,
+    wait_random_exponential,
+)
 
 from ingest.config import RetrySettings
 from ingest.errors import TransientError

@@ -36,7 +36,12 @@ from ingest.config import RetrySettings
 from ingest.core.collapse import CollapseRule, collapse
 from ingest.core.isolation import write_groups_isolating
 from ingest.dlq.base import DeadLetterQueue, DlqEntry
-from ingest.errors import FatalPipelineError, PermanentError, TransientError, UnclassifiedError
+from ingest.errors import (
+    FatalPipelineError,
+    PermanentError,
+    TransientError,
+    UnclassifiedError,
+)
 from ingest.retry import retrying
 from ingest.sinks.base import ExactlyOnceFn, dedup_token
 from ingest.types import Failure, Item, Partition

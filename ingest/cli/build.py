@@ -14,6 +14,7 @@ from typing import Any
 
 from ingest.config import PipelineSettings, Settings
 from ingest.dlq.base import DeadLetterQueue, DlqReader
+from ingest.formats.registry import build_decoder
 from ingest.metrics import Metrics
 from ingest.runner import Pipeline, RunOptions
 from ingest.scheduler import WriteScheduler
@@ -105,6 +106,7 @@ def build_pipeline(settings: Settings, p: PipelineSettings, *, stop: threading.E
     source_factory = functools.partial(KafkaSource, settings.kafka, p.effective_group_id, list(p.topics))
     pipeline = Pipeline(
         p, source_factory=source_factory, writer=writer, stop=stop, abort=abort, options=options,
+        decoder=build_decoder(p),
         metrics=metrics.pipeline(p.name) if metrics is not None else None,
         offset_store=offset_store, scheduler=(schedulers or {}).get(sink_identity(p)),
     )

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import typer
 
-from ingest.cli.app import EXIT_CONFIG, EXIT_UNREACHABLE, ConfigOpt, LogLevelOpt, app, fail, load, setup_logs
+from ingest.cli.app import (
+    EXIT_CONFIG,
+    EXIT_UNREACHABLE,
+    ConfigOpt,
+    LogLevelOpt,
+    app,
+    fail,
+    load,
+    setup_logs,
+)
 from ingest.errors import ConfigError, ServiceUnreachable
 
 

@@ -7,8 +7,26 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ingest.cli.app import EXIT_CONFIG, EXIT_FAILED, ConfigOpt, LogLevelOpt, OnePipelineOpt, app, fail, load, setup_logs
-from ingest.cli.dlq import ErrorClassOpt, RangeOpt, SinceOpt, StageOpt, UntilOpt, call, open_dlq
+from ingest.cli.app import (
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    ConfigOpt,
+    LogLevelOpt,
+    OnePipelineOpt,
+    app,
+    fail,
+    load,
+    setup_logs,
+)
+from ingest.cli.dlq import (
+    ErrorClassOpt,
+    RangeOpt,
+    SinceOpt,
+    StageOpt,
+    UntilOpt,
+    call,
+    open_dlq,
+)
 from ingest.config import PipelineSettings
 from ingest.errors import IngestError
 
@@ -97,7 +115,9 @@ def _replayer(p: PipelineSettings, reader: Any, sink: Any, publisher: Any, max_r
     own = p.sink.postgres_dsn
     if sink is not None:
         sink = _Retrying(sink, lambda: retrying(p.retry, what="replay sink write"))
-    return Replayer(p, reader, sink=sink, capabilities=capabilities,
+    from ingest.formats.registry import build_decoder
+
+    return Replayer(p, reader, sink=sink, capabilities=capabilities, decoder=build_decoder(p),
                     marks_in_sink_tx=reader.shares_database(own.get_secret_value() if own else None),
                     publish=publisher, max_replays=max_replays, purge=purge, rate_per_s=rate,
                     apply_unordered=apply_unordered)

@@ -10,7 +10,13 @@ Secrets (database DSNs and passwords, librdkafka ``sasl.password`` /
 ``ssl.key.password``) are :class:`pydantic.SecretStr` and print as ``**********``.
 """
 
-from ingest.config.base import ColumnSpec, Frozen, SinkSettingsBase, check_dsn_syntax, check_identifier
+from ingest.config.base import (
+    ColumnSpec,
+    Frozen,
+    SinkSettingsBase,
+    check_dsn_syntax,
+    check_identifier,
+)
 from ingest.config.load import Settings, load_settings
 from ingest.config.pipeline import (
     BatchSettings,

@@ -22,7 +22,12 @@ from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 from ingest.config.pipeline import KafkaSettings, PipelineSettings, SchedulerSettings
 from ingest.errors import ConfigError

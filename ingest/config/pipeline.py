@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, SecretStr, SerializeAsAny, field_serializer, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    SecretStr,
+    SerializeAsAny,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from ingest.config.base import (
     SECRET_CLIENT_KEYS,
@@ -135,7 +143,8 @@ class PipelineSettings(Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     topics: list[str] = Field(min_length=1)
     group_id: str | None = None
-    format: Literal["json"] = "json"
+    #: How record values are encoded: a format of the format registry (ingest.formats.registry).
+    format: str = "json"
     #: Ordering / lane key: a JSON path into the value; default: the Kafka message key.
     key: str | None = None
     priority: int = 0
@@ -162,6 +171,15 @@ class PipelineSettings(Frozen):
     @property
     def effective_group_id(self) -> str:
         return self.group_id or f"ingest-{self.name}"
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, value: str) -> str:
+        from ingest.formats import registry
+
+        if value not in registry.names():
+            raise ValueError(f"format must be one of {', '.join(repr(n) for n in registry.names())}")
+        return value
 
     @field_validator("sink", mode="before")
     @classmethod

@@ -29,7 +29,13 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 
 from ingest.config import DlqSettings, KafkaSettings
 from ingest.dlq.base import DlqFilter, DlqRow

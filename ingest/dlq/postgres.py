@@ -21,8 +21,8 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ingest.dlq.base import DlqEntry
-from ingest.errors import TransientError
 from ingest.drivers.postgres import classify, execute_ddl, load_sql
+from ingest.errors import TransientError
 from ingest.redact import scrub
 
 _COLUMNS = (

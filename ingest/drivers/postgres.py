@@ -54,7 +54,13 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import PoolTimeout
 
-from ingest.errors import MigrationError, PermanentError, ServiceUnreachable, TransientError, UnclassifiedError
+from ingest.errors import (
+    MigrationError,
+    PermanentError,
+    ServiceUnreachable,
+    TransientError,
+    UnclassifiedError,
+)
 
 #: DDL of the fixed tables (``{placeholder}`` names filled only with sql.Identifier).
 SQL_DIR = Path(__file__).resolve().parents[1] / "sql"

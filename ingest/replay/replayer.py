@@ -39,6 +39,7 @@ from ingest.core.isolation import write_groups_isolating
 from ingest.core.mapping import Mapper
 from ingest.dlq.base import DlqFilter, DlqReader, DlqRow
 from ingest.errors import InvalidRecord
+from ingest.formats.base import Decoder
 from ingest.replay.order import Verdict, judge
 from ingest.sinks.base import Capabilities, Sink
 from ingest.types import Failure, Item
@@ -104,7 +105,7 @@ class Replayer:
                  capabilities: Capabilities = Capabilities(), marks_in_sink_tx: bool = False,
                  publish: Callable[[Sequence[DlqRow]], None] | None = None, max_replays: int,
                  purge: bool = False, rate_per_s: float | None = None, apply_unordered: bool = False,
-                 on_progress: Callable[[int], None] | None = None) -> None:
+                 on_progress: Callable[[int], None] | None = None, decoder: Decoder | None = None) -> None:
         self._p = pipeline
         self._reader = reader
         self._sink = sink
@@ -115,7 +116,7 @@ class Replayer:
         self._rate = RateLimiter(rate_per_s)
         self._apply_unordered = apply_unordered
         self.on_progress = on_progress
-        self._mapper = Mapper(pipeline.sink.columns, pipeline.key)
+        self._mapper = Mapper(pipeline.sink.columns, pipeline.key, decoder=decoder)
         self._rule = pipeline.sink.collapse_rule()
         # The order guard needs row sources, and applies only where offsets order the rows (no version).
         self._guarded = (sink is not None and capabilities.row_sources and pipeline.sink.tracks_sources

@@ -66,6 +66,7 @@ from ingest.core.mapping import Mapper
 from ingest.core.offsets import OffsetTracker
 from ingest.core.routing import LaneRouter, key_bytes
 from ingest.errors import FatalPipelineError, InvalidRecord, TransientError
+from ingest.formats.base import Decoder
 from ingest.metrics import Metrics, PipelineMetrics
 from ingest.retry import retrying
 from ingest.runner.commits import Committer, OffsetStore
@@ -114,6 +115,7 @@ class Pipeline:
         abort: threading.Event,
         options: RunOptions = RunOptions(),
         lanes: LanePool | None = None,
+        decoder: Decoder | None = None,
         metrics: PipelineMetrics | None = None,
         offset_store: OffsetStore | None = None,
         scheduler: WriteScheduler | None = None,
@@ -134,7 +136,7 @@ class Pipeline:
         self._drain = (None if options.until_idle_s is None
                        else DrainWatch(settings.name, options.until_idle_s, options.drain_timeout_s))
 
-        self._mapper = Mapper(settings.sink.columns, settings.key)
+        self._mapper = Mapper(settings.sink.columns, settings.key, decoder=decoder)
         self._router = LaneRouter(settings.lanes, settings.unkeyed)
         # Records of one row go to one lane: by the sink's key when it has one (ingest.core.routing).
         key_index = settings.sink.collapse_rule().key_index

@@ -21,7 +21,13 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
 from ingest.config import KafkaSettings
 from ingest.errors import ServiceUnreachable, TransientError

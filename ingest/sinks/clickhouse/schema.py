@@ -8,7 +8,12 @@ from ingest.config import PipelineSettings
 from ingest.errors import ConfigError, IngestError, ServiceUnreachable, TransientError
 from ingest.sinks.clickhouse.errors import classify
 from ingest.sinks.clickhouse.settings import ClickHouseSinkSettings
-from ingest.sinks.clickhouse.sink import ClickHouseSink, ClientFactory, quote_ident, quote_str
+from ingest.sinks.clickhouse.sink import (
+    ClickHouseSink,
+    ClientFactory,
+    quote_ident,
+    quote_str,
+)
 
 
 def create_table_sql(cfg: ClickHouseSinkSettings) -> list[str]:

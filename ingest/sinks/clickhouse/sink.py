@@ -58,7 +58,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ingest.errors import IngestError, PermanentError, ServiceUnreachable, TransientError
+from ingest.errors import (
+    IngestError,
+    PermanentError,
+    ServiceUnreachable,
+    TransientError,
+)
 from ingest.sinks.base import InTransaction
 from ingest.sinks.clickhouse.arrow import ArrowEncoder
 from ingest.sinks.clickhouse.errors import classify

@@ -15,7 +15,12 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from ingest.config.base import ColumnSpec, SinkSettingsBase, check_dsn_syntax, check_identifier
+from ingest.config.base import (
+    ColumnSpec,
+    SinkSettingsBase,
+    check_dsn_syntax,
+    check_identifier,
+)
 from ingest.core.collapse import CollapseRule
 from ingest.core.dialects import pg_base_type
 

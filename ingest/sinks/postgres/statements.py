@@ -12,7 +12,11 @@ import hashlib
 from psycopg import sql
 
 from ingest.core.dialects import pg_base_type
-from ingest.sinks.postgres.settings import OFFSET_COLUMN, STREAM_COLUMN, PostgresSinkSettings
+from ingest.sinks.postgres.settings import (
+    OFFSET_COLUMN,
+    STREAM_COLUMN,
+    PostgresSinkSettings,
+)
 
 
 def table_ident(schema: str, table: str) -> sql.Composable:

@@ -65,14 +65,20 @@ class FastColumn:
 
 def compile_fast_map(columns: Sequence[FastColumn], *, needs_json: bool, needs_object: bool,
                      key_getter: Callable[[Any, Any], Any] | None,
-                     render_key: Callable[[Any], bytes | None]) -> FastMap:
-    """Return ``fast(record) -> (row, ordering_key)`` (see the module contract)."""
-    env: dict[str, Any] = {"_loads": orjson.loads, "_Fallback": _Fallback, "_render_key": render_key,
+                     render_key: Callable[[Any], bytes | None],
+                     loads: Callable[[bytes], Any] | None = orjson.loads,
+                     decode: Callable[[Any], Any] | None = None) -> FastMap:
+    """Return ``fast(record) -> (row, ordering_key)`` (see the module contract).
+
+    The document comes from ``loads(value)`` (a format's plain loader, e.g. orjson) or, when the
+    format has none, from ``decode(record)``.
+    """
+    env: dict[str, Any] = {"_loads": loads, "_decode": decode, "_Fallback": _Fallback, "_render_key": render_key,
                            "_dict": dict, "_int": int, "_str": str, "_float": float, "_repr": repr,
                            "_Decimal": Decimal, "_timedelta": timedelta}
     lines = ["def fast(record):", "    value = record.value", "    if value is None:", "        raise _Fallback"]
     if needs_json:
-        lines.append("    doc = _loads(value)")
+        lines.append("    doc = _loads(value)" if loads is not None else "    doc = _decode(record)")
         if needs_object:
             lines += ["    if type(doc) is not _dict:", "        raise _Fallback"]
     else:

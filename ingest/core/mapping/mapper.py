@@ -1,0 +1,262 @@
+"""Record → row mapping: decode a Kafka record once and coerce it into a typed row tuple.
+
+Design
+------
+This code runs for every consumed record, so all the work that depends only on
+the configuration is done once, in :class:`Mapper.__init__` ("compiling" the
+pipeline's column specs):
+
+* Each column becomes a plan entry ``(name, source, getter, coercer, default,
+  required)``. The *getter* is a closure ``getter(record, doc)`` specialised for
+  the column's source (``$``, a one-key path ``$.a``, a longer path, or a Kafka
+  metadata field) and returns the raw value, or ``None`` for "missing"; the
+  *coercer* is a closure specialised for the column's PostgreSQL base type that
+  turns a raw value into the Python value psycopg 3 adapts to that type
+  (``int``, ``Decimal``, ``float``, ``str``, ``bool``, ``datetime``, ``date``,
+  ``UUID``, ``bytes``). The default value is coerced once up front, so a bad
+  default is a configuration error (``ValueError``), not a per-record one.
+* The value is decoded with :func:`orjson.loads` only if some column or the
+  ordering key reads a ``$`` path, and the "top level must be an object" check
+  runs once per record, not once per column.
+* :meth:`Mapper.map` is then a tight loop: one ``loads``, one getter and at
+  most one coercer call per column. Coercers raise a private lightweight
+  exception carrying an error class; ``map`` adds the column name and source and
+  re-raises it as :class:`~ingest.errors.InvalidRecord`. A final catch-all turns
+  anything unexpected into ``InvalidRecord`` too, so a hostile record can never
+  crash a pipeline: it is dead-lettered instead.
+
+Null handling: a JSON ``null`` is treated exactly like a missing field (a
+required column raises ``missing_field``; an optional one gets its default or
+``None``). Records with a null value (tombstones) always raise
+``InvalidRecord('decode', 'tombstone', ...)``, even when no column reads the
+value; the pipeline decides whether to skip or dead-letter them.
+
+Metadata sources (``@key``, ``@header.NAME``) hold bytes. A ``bytea`` column
+takes them raw; any other column gets them decoded as UTF-8 text and then
+coerced like a JSON string (so ``@key`` into ``bigint`` parses ``b"42"``, and
+``@key`` into ``jsonb`` stores a JSON string). ``@topic`` is a string,
+``@partition``/``@offset``/``@timestamp`` are integers (``@timestamp`` is epoch
+milliseconds, so it can feed a ``timestamptz`` column directly); ``@stream`` is
+the topic and partition as one signed 64-bit id (:func:`ingest.core.routing.stream_id`).
+A record ``replay-dlq --to topic`` republished stands for its origin:
+``@topic``, ``@partition``, ``@offset`` and ``@stream`` are the original record's.
+
+Known limit: orjson parses integers outside the 64-bit range as ``float``, so a
+JSON number such as ``123456789012345678901234567890`` loses precision in a
+``numeric`` column. Send such values as JSON strings (``"1234..."``), which are
+parsed exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ingest.config.base import ColumnSpec
+from ingest.core.dialects import ch_type, pg_base_type
+from ingest.core.mapping.coerce_ch import _ch_coercer, _ch_inline
+from ingest.core.mapping.coerce_pg import _coercer_for, _pg_inline
+from ingest.core.mapping.common import (
+    Coercer,
+    Getter,
+    _Bad,
+)
+from ingest.core.mapping.fastmap import FastColumn, compile_fast_map
+from ingest.core.mapping.getters import (
+    _metadata_getter,
+    _parse_path,
+    _path_getter,
+    _render_key,
+)
+from ingest.errors import InvalidRecord
+from ingest.formats.base import Decoder
+from ingest.formats.json import JsonDecoder
+from ingest.types import Record
+
+__all__ = ["Mapper"]
+
+class Mapper:
+    """Turns a :class:`~ingest.types.Record` into a row tuple plus its ordering key.
+
+    Build one per pipeline (construction does all the parsing); :meth:`map` is
+    then cheap and thread-safe (the mapper holds no mutable state).
+
+    ``columns``: target columns in row order; each column reads ``spec.source``
+    (default ``$.<name>``) and is coerced to ``spec.type``.
+    ``key_path``: where the ordering key comes from; ``None`` means the Kafka
+    message key.
+    ``dialect``: the type system of ``spec.type`` -- ``postgres`` (values for
+    psycopg) or ``clickhouse`` (values for clickhouse-connect: ``UInt8``..``Int64``
+    range-checked, ``Float32/64``, ``Decimal(P,S)`` rounded to S places and
+    range-checked, ``String``, ``LowCardinality(String)``, ``Bool``, ``Date``,
+    ``DateTime64(p)`` (as its raw int: ticks since the epoch), ``UUID``, ``JSON`` (compact JSON
+    text for a String column), ``Nullable(T)``, ``Array(T)`` from a JSON array).
+    Default: each spec's ``dialect`` class attribute
+    (:class:`~ingest.config.ClickHouseColumnSpec` says ``clickhouse``), else
+    ``postgres``. A ClickHouse column that is neither Nullable nor an Array and
+    has no default is required (a missing value is a ``missing_field`` map
+    error rather than ClickHouse's silent zero); a missing Array is ``[]``.
+
+    Raises ``ValueError`` for an unsupported column type, an invalid source or
+    key path, or a default that is not valid for its column's type.
+    """
+
+    __slots__ = ("column_names", "column_types", "_plan", "_needs_json", "_needs_object", "_key_getter", "_fast",
+                 "_decoder")
+
+    def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None, *,
+                 dialect: str | None = None, decoder: Decoder | None = None) -> None:
+        if dialect not in (None, "postgres", "clickhouse"):
+            raise ValueError(f"unknown dialect {dialect!r}")
+        if not columns:
+            raise ValueError("at least one column is required")
+        sources = {name: spec.source or f"$.{name}" for name, spec in columns.items()}
+        all_paths = [s for s in sources.values() if s.startswith("$")]
+        if key_path is not None and key_path.startswith("$"):
+            all_paths.append(key_path)
+        parsed = {p: _parse_path(p) for p in all_paths}
+        #: bytes -> document (ingest.formats): JSON unless the pipeline's format says otherwise
+        self._decoder: Decoder = decoder if decoder is not None else JsonDecoder()
+        #: Decode the value only if a $-path is read; check for a top-level object only
+        #: if some path starts with a key step.
+        self._needs_json = bool(parsed)
+        self._needs_object = any(steps and steps[0][0] for steps in parsed.values())
+
+        plan = []
+        types = []
+        fast_columns = []
+        for name, spec in columns.items():
+            required = spec.required
+            implicit_default = None
+            if (dialect or getattr(spec, "dialect", "postgres")) == "clickhouse":
+                try:
+                    ch = ch_type(spec.type)
+                except ValueError as exc:
+                    raise ValueError(f"column {name!r}: {exc}") from None
+                base, full = "", ch.name
+                coerce = _ch_coercer(ch)
+                inline = _ch_inline(ch)
+                if ch.kind == "array":
+                    implicit_default = []
+                elif not ch.nullable and spec.default is None:
+                    required = True
+            else:
+                try:
+                    base, full = pg_base_type(spec.type)
+                except ValueError as exc:
+                    raise ValueError(f"column {name!r}: {exc}") from None
+                coerce = _coercer_for(base)
+                inline = _pg_inline(base)
+            source = sources[name]
+            doc_key: str | None = None
+            if source.startswith("$"):
+                steps = parsed[source]
+                getter = _path_getter(steps, self._needs_object)
+                if len(steps) == 1 and steps[0][0]:
+                    doc_key = str(steps[0][1])
+            else:
+                try:
+                    getter = _metadata_getter(source, as_text=base != "bytea")
+                except ValueError as exc:
+                    raise ValueError(f"column {name!r}: {exc}") from None
+            default = implicit_default
+            if spec.default is not None:
+                try:
+                    default = coerce(spec.default)
+                except _Bad as exc:
+                    raise ValueError(f"column {name!r}: default is not a valid {full}: {exc.detail}") from None
+            plan.append((name, source, getter, coerce, default, required))
+            fast_columns.append(FastColumn(getter, doc_key, coerce, default, required, inline))
+            types.append(full)
+        self._plan: tuple[tuple[str, str, Getter, Coercer, Any, bool], ...] = tuple(plan)
+        #: Column names in row order.
+        self.column_names: tuple[str, ...] = tuple(columns)
+        #: Normalised types in row order, e.g. ``('bigint', 'numeric(12,2)')`` or
+        #: ``('UInt64', 'Decimal(12, 2)')``.
+        self.column_types: tuple[str, ...] = tuple(types)
+
+        if key_path is None:
+            self._key_getter: Getter | None = None
+        elif key_path.startswith("$"):
+            self._key_getter = _path_getter(parsed[key_path], self._needs_object)
+        else:
+            self._key_getter = _metadata_getter(key_path, as_text=False)
+        self._fast = compile_fast_map(fast_columns, needs_json=self._needs_json, needs_object=self._needs_object,
+                                      key_getter=self._key_getter, render_key=_render_key,
+                                      loads=self._decoder.value_loader(), decode=self._decoder.decode)
+
+    def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
+        """Return ``(row, ordering_key)`` for ``record`` (same contract as :meth:`map_generic`).
+
+        Tries the compiled fast path (:mod:`ingest.core.fastmap`) first; any
+        record it declines goes through the generic loop.
+        """
+        try:
+            return self._fast(record)
+        except Exception:  # noqa: BLE001 - the generic loop gives the precise result or error
+            return self.map_generic(record)
+
+    def map_generic(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
+        """Return ``(row, ordering_key)`` for ``record``.
+
+        ``row`` holds one psycopg-ready value per column, in ``column_names``
+        order (``None`` for SQL NULL). ``ordering_key`` is ``record.key`` when
+        the mapper has no key path; otherwise the value at the key path as
+        bytes (str → UTF-8, int → decimal digits, metadata bytes as is, other
+        JSON → compact JSON), or ``None`` when missing or null.
+
+        Raises :class:`~ingest.errors.InvalidRecord` — and nothing else, for
+        any input — when the record cannot be mapped:
+
+        - stage ``decode``: ``tombstone`` (null value), ``invalid_utf8``,
+          ``invalid_json``;
+        - stage ``map``: ``not_an_object``, ``missing_field``, ``wrong_type``,
+          ``out_of_range``, ``invalid_value``.
+        """
+        value = record.value
+        if value is None:
+            raise InvalidRecord("decode", "tombstone", "record value is null (tombstone)")
+        doc: Any = None
+        if self._needs_json:
+            doc = self._decoder.decode(record)  # InvalidRecord (stage decode) for bytes that do not decode
+            if self._needs_object and type(doc) is not dict:
+                raise InvalidRecord(
+                    "map", "not_an_object", f"record value must be {self._decoder.document}, got {_json_kind(doc)}"
+                )
+        name = source = ""
+        try:
+            row = []
+            append = row.append
+            for name, source, get, coerce, default, required in self._plan:
+                raw = get(record, doc)
+                if raw is None:
+                    if required:
+                        raise _Bad("missing_field", "required value is missing or null")
+                    append(default)
+                else:
+                    append(coerce(raw))
+            name = source = ""
+            key_getter = self._key_getter
+            key = record.key if key_getter is None else _render_key(key_getter(record, doc))
+        except _Bad as exc:
+            raise InvalidRecord("map", exc.error_class, _context(name, source) + exc.detail) from None
+        except Exception as exc:  # noqa: BLE001 - defensive: never let a record crash the pipeline
+            detail = f"internal mapping error {type(exc).__name__}: {exc}"[:300]
+            raise InvalidRecord("map", "invalid_value", _context(name, source) + detail) from None
+        return tuple(row), key
+
+
+def _context(name: str, source: str) -> str:
+    return f"column {name!r} (source {source}): " if name else "ordering key: "
+
+
+def _json_kind(doc: Any) -> str:
+    if isinstance(doc, list):
+        return "an array"
+    if isinstance(doc, str):
+        return "a string"
+    if isinstance(doc, bool):
+        return "a boolean"
+    if doc is None:
+        return "null"
+    return "a number"

@@ -1,0 +1,56 @@
+"""The decoder port: a record's value bytes → the document the mapper's ``$`` paths address.
+
+One module per format (``ingest/formats/<name>.py``), chosen by a pipeline's
+``format:`` through :mod:`ingest.formats.registry`. A decoder gets the whole
+record -- its topic and headers are the context a registry-backed format needs
+(the subject, a schema id carried in a header) -- and can decode a batch at once
+(the columnar path will). It decides nothing about columns: the mapper maps the
+document it returns, and alone decides map errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from ingest.errors import InvalidRecord
+from ingest.types import Record
+
+
+class Decoder(Protocol):
+    """Decodes record values of one format. Thread-safe; construction does no I/O."""
+
+    #: the format's name in ``format:``
+    name: str
+    #: what the document is called in messages (``a JSON object``, ``an Avro record``)
+    document: str
+
+    def decode(self, record: Record) -> Any:
+        """The decoded value of ``record`` (never called for a tombstone).
+
+        Raises :class:`~ingest.errors.InvalidRecord` with stage ``decode`` (and a class naming why:
+        ``invalid_json``, ``invalid_utf8``, ...) for bytes that do not decode -- the record is
+        poison; :class:`~ingest.errors.TransientError` when a service the format needs is down.
+        """
+        ...
+
+    def decode_batch(self, records: Sequence[Record]) -> list[Any | InvalidRecord]:
+        """:meth:`decode` for each record: its document, or the InvalidRecord it would raise."""
+        ...
+
+    def value_loader(self) -> Callable[[bytes], Any] | None:
+        """A plain ``bytes -> document`` function for the compiled fast path, when the format needs no
+        context; any exception it raises sends the record to :meth:`decode`, which decides. None: the
+        fast path calls :meth:`decode`."""
+        ...
+
+
+def decode_each(decoder: Decoder, records: Sequence[Record]) -> list[Any | InvalidRecord]:
+    """The per-record ``decode_batch`` every decoder can use."""
+    out: list[Any | InvalidRecord] = []
+    for record in records:
+        try:
+            out.append(decoder.decode(record))
+        except InvalidRecord as exc:
+            out.append(exc)
+    return out
