@@ -29,11 +29,17 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 import pytest
-
 from harness import live_ingest_processes, reap_ingest_processes
-from harness.kafka import close_producers, create_topic, delete_topics, unique_name
 from harness.clickhouse import ChdbSession
-from harness.services import Service, ServiceError, start_clickhouse, start_kafka, start_postgres, temp_database
+from harness.kafka import close_producers, create_topic, delete_topics, unique_name
+from harness.services import (
+    Service,
+    ServiceError,
+    start_clickhouse,
+    start_kafka,
+    start_postgres,
+    temp_database,
+)
 
 _started: list[Service] = []
 

@@ -49,17 +49,16 @@ Stepping
 
 from __future__ import annotations
 
-import collections
 import logging
 import operator
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ingest.config import PipelineSettings
-from ingest.core.batcher import FlushReason, RingBatcher
+from ingest.core.batcher import FlushReason
 from ingest.core.dlq_guard import DlqGuard
 from ingest.core.hotkeys import LaneLoad
 from ingest.core.mapping import Mapper
@@ -69,8 +68,10 @@ from ingest.errors import FatalPipelineError, InvalidRecord, TransientError
 from ingest.formats.base import Decoder
 from ingest.metrics import Metrics, PipelineMetrics
 from ingest.retry import retrying
+from ingest.runner.batching import LaneBatchers
 from ingest.runner.commits import Committer, OffsetStore
 from ingest.runner.drain import DrainWatch, describe
+from ingest.runner.flow import Flow, Signal
 from ingest.runner.lanes import LanePool, ThreadedLanes
 from ingest.runner.observe import Observer
 from ingest.runner.stats import PipelineStats
@@ -81,7 +82,6 @@ from ingest.writer import BatchWriter, Completion
 
 log = logging.getLogger(__name__)
 
-_RESUME_FRACTION = 0.8
 #: One record in this many feeds the hot-key sketch: shares stay unbiased, the cost per record drops 16×.
 HOT_KEY_SAMPLE = 16
 
@@ -141,10 +141,6 @@ class Pipeline:
         # Records of one row go to one lane: by the sink's key when it has one (ingest.core.routing).
         key_index = settings.sink.collapse_rule().key_index
         self._row_key: Callable[[tuple], object] | None = operator.itemgetter(*key_index) if key_index else None
-        batch = settings.batch
-        self._batchers: list[RingBatcher[Item]] = [
-            RingBatcher(batch.max_rows, batch.max_bytes, batch.max_latency_ms) for _ in range(settings.lanes)
-        ]
         self._tracker: OffsetTracker[Partition] = OffsetTracker()
         self._lanes: LanePool = lanes or ThreadedLanes(settings.name, settings.lanes, writer,
                                                        scheduler=scheduler, priority=settings.priority)
@@ -157,17 +153,13 @@ class Pipeline:
                                   hot_key_interval_s=settings.hot_key_interval_s, now_ms=now)
 
         self._source: Source | None = None
-        #: per lane, the time (clock ms) its oldest dispatched, unfinished batch began buffering
-        self._dispatched_oldest_ms: list[collections.deque[int]] = [collections.deque() for _ in range(settings.lanes)]
-        self._in_flight_records = 0
-        self._in_flight_bytes = 0
-        #: records in flight per lane (buffered + dispatched), for the hot-lane check
-        self._lane_in_flight = [0] * settings.lanes
+        self._flow = Flow(settings.name, settings.lanes, settings.max_buffered_records, settings.max_buffered_bytes,
+                          stats=self.stats, metrics=self.metrics)
+        self._batching = LaneBatchers(settings.lanes, settings.batch, pool=self._lanes, flow=self._flow,
+                                      stats=self.stats, metrics=self.metrics, clock=clock)
         #: hot-key sketch fed with every HOT_KEY_SAMPLE-th record (unbiased shares, bounded cost)
         self._rng = random.Random()
         self._sample_countdown = HOT_KEY_SAMPLE
-        self._paused = False
-        self._paused_since_s = 0.0
         self._last_commit_ms = 0
         self._last_activity_ms = 0
         self._assigned_once = False
@@ -204,7 +196,7 @@ class Pipeline:
         log.info("partitions revoked", extra={"pipeline": self.settings.name, "partitions": [str(p) for p in partitions]})
         assert self._source is not None
         if not self._closing:
-            self._flush_all(FlushReason.REVOKE)
+            self._batching.flush_all(FlushReason.REVOKE)
             assigned = set(self._tracker.partitions())
             self._wait_for(lambda: all(self._tracker.in_flight(tp) == 0 for tp in partitions if tp in assigned))
         self._committer.commit(self._source, only=set(partitions), to_position=False)
@@ -213,35 +205,7 @@ class Pipeline:
     def on_lost(self, partitions: list[Partition]) -> None:
         log.warning("partitions lost", extra={"pipeline": self.settings.name, "partitions": [str(p) for p in partitions]})
         self._forget(partitions)
-        self._unbuffer(set(partitions))
-
-    def _unbuffer(self, partitions: set[Partition]) -> None:
-        """Drop the buffered (not yet dispatched) records of ``partitions``: they will not be committed,
-        and the partitions' next owner -- this member again, perhaps -- reads them again."""
-        for lane, batcher in enumerate(self._batchers):
-            if not len(batcher):
-                continue
-            oldest_ms = batcher.oldest_ms
-            items = batcher.drain()
-            kept = [it for it in items if it.record.tp not in partitions]
-            dropped = len(items) - len(kept)
-            if not dropped:
-                self._rebuffer(lane, kept, oldest_ms)
-                continue
-            dropped_bytes = sum(it.size_bytes for it in items) - sum(it.size_bytes for it in kept)
-            self._lane_in_flight[lane] -= dropped
-            self._in_flight_records -= dropped
-            self._in_flight_bytes -= dropped_bytes
-            self._rebuffer(lane, kept, oldest_ms)
-
-    def _rebuffer(self, lane: int, items: list[Item], oldest_ms: int | None) -> None:
-        """Put drained items back (they fitted before, so at most one flush falls due)."""
-        if not items:
-            return
-        _, reason = self._batchers[lane].add_many(items, [it.size_bytes for it in items],
-                                                   oldest_ms if oldest_ms is not None else self._clock())
-        if reason is not None:
-            self._dispatch(lane, reason)
+        self._batching.drop(set(partitions))
 
     def _forget(self, partitions: list[Partition]) -> None:
         for tp in partitions:
@@ -288,7 +252,8 @@ class Pipeline:
             self._drain_completions()
             if self._fatal is not None:
                 return False
-            self._apply_backpressure(source)
+            if self._flow.regulate(source) is Signal.RESUMED:
+                self._last_activity_ms = self._clock()
             records = source.poll(self._options.consume_batch_size, self._poll_timeout_s)
             now_ms = self._clock()
             if records:
@@ -296,7 +261,7 @@ class Pipeline:
                 if self.stats.first_record_s is None:
                     self.stats.first_record_s = time.monotonic()
                 self._accept(records, now_ms)
-            self._flush_due(now_ms)
+            self._batching.flush_due(now_ms)
             if now_ms - self._last_commit_ms >= self.settings.commit_interval_ms:
                 self._drain_completions()
                 self._committer.commit(source)
@@ -331,7 +296,7 @@ class Pipeline:
         skip_tombstones = self.settings.tombstones == "skip"
         deterministic = self._exactly_once  # exactly-once needs replay-stable routing
         spread_unkeyed = self.settings.unkeyed == "round_robin"  # unkeyed records are not one hot key
-        n_lanes = len(self._batchers)
+        n_lanes = len(self._batching)
         # This chunk's items and sizes per lane, handed to the batchers in bulk at the end.
         lane_items: list[list[Item]] = [[] for _ in range(n_lanes)]
         lane_sizes: list[list[int]] = [[] for _ in range(n_lanes)]
@@ -395,40 +360,7 @@ class Pipeline:
         self.stats.skipped += len(skipped)
         for lane, items in enumerate(lane_items):
             if items:
-                self._buffer(lane, items, lane_sizes[lane], now_ms)
-
-    # -- batches ---------------------------------------------------------------------
-    def _buffer(self, lane: int, items: list[Item], sizes: list[int], now_ms: int) -> None:
-        """Add a chunk's items for one lane to its batcher, dispatching each batch that fills up."""
-        self._lane_in_flight[lane] += len(items)
-        self._in_flight_records += len(items)
-        self._in_flight_bytes += sum(sizes)
-        batcher = self._batchers[lane]
-        pos = 0
-        while pos < len(items):
-            pos, reason = batcher.add_many(items, sizes, now_ms, pos)
-            if reason is not None:
-                self._dispatch(lane, reason)
-
-    def _dispatch(self, lane: int, reason: FlushReason) -> None:
-        batcher = self._batchers[lane]
-        oldest_ms = batcher.oldest_ms
-        items = batcher.drain()
-        if items:
-            self.stats.flushes[reason.value] += 1
-            self.metrics.flushed(reason.value)
-            self._dispatched_oldest_ms[lane].append(oldest_ms if oldest_ms is not None else self._clock())
-            self._lanes.submit(lane, items, reason.value)
-
-    def _flush_due(self, now_ms: int) -> None:
-        for lane, batcher in enumerate(self._batchers):
-            reason = batcher.due(now_ms)
-            if reason is not None:
-                self._dispatch(lane, reason)
-
-    def _flush_all(self, reason: FlushReason) -> None:
-        for lane in range(len(self._batchers)):
-            self._dispatch(lane, reason)
+                self._batching.buffer(lane, items, lane_sizes[lane], now_ms)
 
     # -- completions -----------------------------------------------------------------
     def _drain_completions(self, timeout_s: float | None = None) -> bool:
@@ -439,11 +371,7 @@ class Pipeline:
         return bool(done)
 
     def _apply(self, c: Completion) -> None:
-        self._in_flight_records -= c.records
-        self._in_flight_bytes -= c.size_bytes
-        self._lane_in_flight[c.lane] -= c.records
-        if self._dispatched_oldest_ms[c.lane]:
-            self._dispatched_oldest_ms[c.lane].popleft()
+        self._flow.completed(c.lane, c.records, c.size_bytes)
         self._health.sink_ok = c.error is None
         if c.error is not None:
             self._lanes.halt()
@@ -451,7 +379,7 @@ class Pipeline:
                 self._fatal = c.error
             log.error("batch failed", extra={"pipeline": self.settings.name, "lane": c.lane, "error": str(c.error)})
             return
-        self._count(c)
+        self.stats.count(c, self.metrics)
         trip = self._guard.observe(c.records, sum(c.dead_lettered.values()))
         for (tp, epoch), offsets in c.done.items():
             self._tracker.done_many(tp, offsets, epoch)
@@ -459,31 +387,6 @@ class Pipeline:
             # The batch itself is handled (in the sink or DLQ) and may be committed; queued ones are dropped.
             self._lanes.halt()
             self._fatal = FatalPipelineError(f"pipeline {self.settings.name!r}: DLQ guard tripped: {trip}")
-
-    def _count(self, c: Completion) -> None:
-        """A handled batch's counters, into the run stats and the metrics."""
-        stats = self.stats
-        stats.batches += 1
-        stats.last_done_s = time.monotonic()
-        stats.rows_written += c.rows_written
-        stats.dead_lettered.update(c.dead_lettered)
-        stats.retries += c.retries
-        stats.write_calls += c.write_calls
-        stats.already_written += c.skipped
-        if c.queue_wait_s is not None:
-            stats.queue_waits_s.append(c.queue_wait_s)
-        m = self.metrics
-        m.batch_rows.observe(c.records)
-        m.batch_bytes.observe(c.size_bytes)
-        m.flush_seconds.observe(c.duration_s)
-        m.rows_written.inc(c.rows_written)
-        m.records_done.inc(c.records)
-        m.retries.inc(c.retries)
-        m.write_calls.inc(c.write_calls)
-        for (stage, error_class), n in c.dead_lettered.items():
-            m.dead_lettered(stage, error_class, n)
-        if c.min_timestamp_ms is not None:
-            m.e2e_latency.observe(max(0.0, time.time() - c.min_timestamp_ms / 1000))
 
     def _wait_for(self, condition: Callable[[], bool]) -> bool:
         """Apply completions until ``condition`` holds, abort, or shutdown_timeout_s passes."""
@@ -495,35 +398,12 @@ class Pipeline:
         return True
 
     # -- flow control, gauges, idle ------------------------------------------------------
-    def _apply_backpressure(self, source: Source) -> None:
-        s = self.settings
-        over = self._in_flight_records >= s.max_buffered_records or self._in_flight_bytes >= s.max_buffered_bytes
-        if over and not self._paused:
-            self._paused = True
-            self._paused_since_s = time.monotonic()
-            log.info("backpressure: pausing", extra={"pipeline": s.name, "in_flight": self._in_flight_records})
-        if self._paused:
-            # Re-pause every poll: partitions assigned while paused must not start flowing.
-            source.pause(source.assignment())
-            below = (
-                self._in_flight_records < s.max_buffered_records * _RESUME_FRACTION
-                and self._in_flight_bytes < s.max_buffered_bytes * _RESUME_FRACTION
-            )
-            if below:
-                self._paused = False
-                self._last_activity_ms = self._clock()
-                paused_s = time.monotonic() - self._paused_since_s
-                self.stats.paused_s += paused_s
-                self.metrics.paused_seconds.inc(paused_s)
-                source.resume(source.assignment())
-
     def _observe(self, now_ms: int) -> None:
         assert self._source is not None
-        oldest: Iterable[int] = [b.oldest_ms for b in self._batchers if b.oldest_ms is not None]
-        oldest = [*oldest, *(d[0] for d in self._dispatched_oldest_ms if d)]
+        oldest = [*self._batching.oldest_ms(), *(d[0] for d in self._flow.dispatched_oldest_ms if d)]
         self._observer.observe(now_ms, tracker=self._tracker, source=self._source,
-                               in_flight_records=self._in_flight_records, in_flight_bytes=self._in_flight_bytes,
-                               lane_in_flight=self._lane_in_flight, oldest_ms=oldest)
+                               in_flight_records=self._flow.records, in_flight_bytes=self._flow.bytes,
+                               lane_in_flight=self._flow.per_lane, oldest_ms=oldest)
 
     def _finished(self, now_ms: int, source: Source) -> bool:
         """``--until-idle``: True once the group drained the topics, or the drain timeout gave up
@@ -551,11 +431,11 @@ class Pipeline:
 
     def _locally_idle(self, now_ms: int, idle_ms: int) -> bool:
         """This member has partitions, nothing in flight, is not paused, and nothing arrived for ``idle_ms``."""
-        if not self._assigned_once or self._paused:
+        if not self._assigned_once or self._flow.paused:
             return False  # never assigned yet (closing now could wedge this broker's group), or backpressure
         if not self._tracker.partitions():
             return False  # an empty assignment (a rebalance still settling) is not "drained"
-        if self._in_flight_records > 0:
+        if self._flow.records > 0:
             return False
         return now_ms - self._last_activity_ms >= idle_ms
 
@@ -564,10 +444,10 @@ class Pipeline:
         assert source is not None
         self._closing = True
         if not self._abort.is_set() and self._fatal is None:
-            self._flush_all(FlushReason.SHUTDOWN)
-            if not self._wait_for(lambda: self._in_flight_records == 0):
+            self._batching.flush_all(FlushReason.SHUTDOWN)
+            if not self._wait_for(lambda: self._flow.records == 0):
                 log.error("shutdown timeout: records still in flight are not committed",
-                          extra={"pipeline": self.settings.name, "in_flight": self._in_flight_records})
+                          extra={"pipeline": self.settings.name, "in_flight": self._flow.records})
         else:
             self._lanes.halt()
             self._drain_completions()
@@ -577,5 +457,4 @@ class Pipeline:
         self._health.running = False
         self._health.assigned = 0
         self.stats.finished_s = time.monotonic()
-        if self._paused:
-            self.stats.paused_s += time.monotonic() - self._paused_since_s
+        self._flow.close()

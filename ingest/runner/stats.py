@@ -5,6 +5,11 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ingest.metrics import PipelineMetrics
+    from ingest.writer import Completion
 
 
 @dataclass
@@ -32,6 +37,29 @@ class PipelineStats:
     finished_s: float | None = None
     #: --until-idle gave up: the partitions the group had not finished ({topic, partition, committed, behind})
     undrained: list[dict[str, object]] = field(default_factory=list)
+
+    def count(self, c: Completion, m: PipelineMetrics) -> None:
+        """A handled batch's counters, into these stats and the metrics."""
+        self.batches += 1
+        self.last_done_s = time.monotonic()
+        self.rows_written += c.rows_written
+        self.dead_lettered.update(c.dead_lettered)
+        self.retries += c.retries
+        self.write_calls += c.write_calls
+        self.already_written += c.skipped
+        if c.queue_wait_s is not None:
+            self.queue_waits_s.append(c.queue_wait_s)
+        m.batch_rows.observe(c.records)
+        m.batch_bytes.observe(c.size_bytes)
+        m.flush_seconds.observe(c.duration_s)
+        m.rows_written.inc(c.rows_written)
+        m.records_done.inc(c.records)
+        m.retries.inc(c.retries)
+        m.write_calls.inc(c.write_calls)
+        for (stage, error_class), n in c.dead_lettered.items():
+            m.dead_lettered(stage, error_class, n)
+        if c.min_timestamp_ms is not None:
+            m.e2e_latency.observe(max(0.0, time.time() - c.min_timestamp_ms / 1000))
 
     @property
     def dead_lettered_total(self) -> int:

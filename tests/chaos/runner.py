@@ -85,8 +85,6 @@ if str(_TESTS / "integration") not in sys.path:  # pipeline_helpers
 
 import orjson  # noqa: E402
 import psycopg  # noqa: E402
-from psycopg import conninfo, sql  # noqa: E402
-
 from harness import IngestProcess, run_ingest, start_ingest, write_config  # noqa: E402
 from harness.kafka import (  # noqa: E402
     close_producers,
@@ -105,7 +103,15 @@ from harness.services import (  # noqa: E402
     stop_process,
     tansu_binary,
 )
-from pipeline_helpers import Msg, assignments, log_events, read_topic, wait_assigned, wait_until  # noqa: E402
+from pipeline_helpers import (  # noqa: E402
+    Msg,
+    assignments,
+    log_events,
+    read_topic,
+    wait_assigned,
+    wait_until,
+)
+from psycopg import conninfo, sql  # noqa: E402
 
 PIPELINE = "chaos"
 TABLE = "sink"

@@ -26,7 +26,14 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 TEST_CONSUMER_SETTINGS: dict[str, Any] = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}

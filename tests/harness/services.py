@@ -504,8 +504,9 @@ def clickhouse_ping(url: str, timeout_s: float = 2.0) -> str:
 
     ``url`` is ``http(s)://[user:password@]host:port``.
     """
-    import urllib3
     from urllib.parse import unquote, urlsplit, urlunsplit
+
+    import urllib3
 
     parts = urlsplit(url)
     headers = {}

@@ -29,7 +29,13 @@ from typing import Any
 
 import orjson
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from harness import IngestProcess, run_ingest, write_config
 from harness.kafka import (
     TEST_CONSUMER_SETTINGS,

@@ -34,14 +34,32 @@ import orjson
 import psycopg
 import pytest
 from harness import run_ingest, start_ingest, write_config
-from harness.clickhouse import create_table_sql_for, http_client, needs_shim, server_version, sink_conn, split_url
-from harness.kafka import TEST_CONSUMER_SETTINGS, committed_offsets, log_end_offsets, produce
+from harness.clickhouse import (
+    create_table_sql_for,
+    http_client,
+    needs_shim,
+    server_version,
+    sink_conn,
+    split_url,
+)
+from harness.kafka import (
+    TEST_CONSUMER_SETTINGS,
+    committed_offsets,
+    log_end_offsets,
+    produce,
+)
 from harness.services import LocalClickHouse, free_port
 
 from ingest.config import PipelineSettings, RetrySettings
 from ingest.core.mapping import Mapper
 from ingest.dlq.postgres import PostgresDlq
-from ingest.errors import IngestError, InvalidRecord, PermanentError, ServiceUnreachable, TransientError
+from ingest.errors import (
+    IngestError,
+    InvalidRecord,
+    PermanentError,
+    ServiceUnreachable,
+    TransientError,
+)
 from ingest.migrate import migrate_pipeline
 from ingest.sinks.clickhouse.errors import PERMANENT_CODES, TRANSIENT_CODES
 from ingest.sinks.clickhouse.schema import create_table_sql, migrate_clickhouse

@@ -25,7 +25,12 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from harness import run_ingest, write_config
-from harness.kafka import TEST_CONSUMER_SETTINGS, committed_offsets, produce, unique_name
+from harness.kafka import (
+    TEST_CONSUMER_SETTINGS,
+    committed_offsets,
+    produce,
+    unique_name,
+)
 from harness.services import temp_database
 from pipeline_helpers import count_rows, pipeline_config, write_and_migrate
 from psycopg import conninfo, sql
@@ -70,8 +75,8 @@ def test_error_without_sqlstate_on_a_healthy_connection_stops_the_pipeline(pg_ds
     """psycopg reports "number of parameters must be between 0 and 65535" without SQLSTATE on a
     connection that is fine: not a connection error (retrying cannot help), not the data's fault
     (bisecting would dead-letter good rows): the third outcome, stop without committing."""
-    from ingest.errors import PermanentError, TransientError, UnclassifiedError
     from ingest.drivers.postgres import translate
+    from ingest.errors import PermanentError, TransientError, UnclassifiedError
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         with pytest.raises(UnclassifiedError) as info:

@@ -266,10 +266,10 @@ def test_an_older_record_of_the_rows_own_partition_never_overwrites_it(pg_dsn):
     the row's partition is skipped; a record of another partition applies (arrival order); a row
     written before ingest kept sources (NULL) is updated."""
     from ingest.core.routing import stream_id
-    from ingest.sinks.postgres.settings import PostgresSinkSettings
-    from ingest.sinks.postgres.schema import sink_table_sql
-    from ingest.sinks.postgres.sink import PostgresSink
     from ingest.drivers.postgres import execute_ddl
+    from ingest.sinks.postgres.schema import sink_table_sql
+    from ingest.sinks.postgres.settings import PostgresSinkSettings
+    from ingest.sinks.postgres.sink import PostgresSink
 
     cfg = PostgresSinkSettings(dsn=pg_dsn, table="guarded", conflict_key=["id"],
                                columns={"id": {"type": "bigint"}, "v": {"type": "text"}})

@@ -53,7 +53,12 @@ import orjson
 import psycopg
 import pytest
 from harness import IngestProcess, run_ingest, start_ingest
-from harness.kafka import TEST_CONSUMER_SETTINGS, committed_offsets, log_end_offsets, produce
+from harness.kafka import (
+    TEST_CONSUMER_SETTINGS,
+    committed_offsets,
+    log_end_offsets,
+    produce,
+)
 from pipeline_helpers import (
     SteadyProducer,
     assignments,

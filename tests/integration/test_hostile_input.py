@@ -11,7 +11,7 @@ from __future__ import annotations
 import orjson
 import psycopg
 from harness import run_ingest, write_config
-from harness.kafka import log_end_offsets, committed_offsets, produce
+from harness.kafka import committed_offsets, log_end_offsets, produce
 
 BIG = "x" * 50_000
 

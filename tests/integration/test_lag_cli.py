@@ -14,7 +14,14 @@ import orjson
 import pytest
 from confluent_kafka import TopicPartition
 from harness import run_ingest, write_config
-from harness.kafka import committed_offsets, consume_n, end_offsets, log_end_offsets, make_consumer, produce
+from harness.kafka import (
+    committed_offsets,
+    consume_n,
+    end_offsets,
+    log_end_offsets,
+    make_consumer,
+    produce,
+)
 from harness.services import free_port
 
 TIMEOUT_S = 120

@@ -32,7 +32,12 @@ import orjson
 import psycopg
 import pytest
 from harness import run_ingest, write_config
-from harness.kafka import TEST_CONSUMER_SETTINGS, committed_offsets, log_end_offsets, produce
+from harness.kafka import (
+    TEST_CONSUMER_SETTINGS,
+    committed_offsets,
+    log_end_offsets,
+    produce,
+)
 from harness.services import free_port
 
 pytestmark = pytest.mark.timeout(120)

@@ -721,8 +721,8 @@ def test_replay_after_fixing_the_cause(poisoned: Poisoned) -> None:
 
 def test_one_poison_row_costs_log_n_statements_on_a_real_table(pg_dsn: str, tmp_path: Path) -> None:
     """PostgresSink + write_isolating on a real table: one CHECK-violating row among 1024."""
-    from ingest.sinks.postgres.settings import PostgresSinkSettings as PgSettings
     from ingest.core.isolation import write_isolating
+    from ingest.sinks.postgres.settings import PostgresSinkSettings as PgSettings
     from ingest.sinks.postgres.sink import PostgresSink
 
     cfg = PgSettings(dsn=pg_dsn, table=TABLE, conflict_key=["id"], columns=columns())

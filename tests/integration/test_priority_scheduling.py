@@ -40,7 +40,12 @@ import orjson
 import psycopg
 import pytest
 from harness import run_ingest, start_ingest, write_config
-from harness.kafka import TEST_CONSUMER_SETTINGS, committed_offsets, log_end_offsets, produce
+from harness.kafka import (
+    TEST_CONSUMER_SETTINGS,
+    committed_offsets,
+    log_end_offsets,
+    produce,
+)
 from pipeline_helpers import log_events, read_summary, wait_until
 
 pytestmark = pytest.mark.timeout(240)

@@ -22,7 +22,12 @@ from pydantic import Field, model_validator
 from ingest.config import PipelineSettings
 from ingest.config.base import SinkSettingsBase
 from ingest.core.collapse import CollapseRule
-from ingest.errors import ConfigError, PermanentError, ServiceUnreachable, TransientError
+from ingest.errors import (
+    ConfigError,
+    PermanentError,
+    ServiceUnreachable,
+    TransientError,
+)
 from ingest.sinks import registry
 from ingest.sinks.base import Capabilities
 

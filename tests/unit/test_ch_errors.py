@@ -15,7 +15,12 @@ import urllib3
 from clickhouse_connect.driver import exceptions as cc
 
 from ingest.errors import PermanentError, TransientError
-from ingest.sinks.clickhouse.errors import PERMANENT_CODES, TRANSIENT_CODES, classify, error_code
+from ingest.sinks.clickhouse.errors import (
+    PERMANENT_CODES,
+    TRANSIENT_CODES,
+    classify,
+    error_code,
+)
 
 
 def server_error(code: int, name: str, text: str = "something failed") -> cc.DatabaseError:

@@ -6,7 +6,13 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
-from confluent_kafka import OFFSET_INVALID, TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException
+from confluent_kafka import (
+    OFFSET_INVALID,
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_NOT_AVAILABLE,
+    KafkaError,
+    KafkaException,
+)
 
 from ingest.lag import (
     HOT_MIN_LAG,

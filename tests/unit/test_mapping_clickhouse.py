@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 
 from ingest.config import ColumnSpec, PipelineSettings, load_settings
 from ingest.core.dialects import CH_INT_RANGES, ch_type
-from ingest.sinks.clickhouse.settings import ClickHouseColumnSpec
-from ingest.sinks.clickhouse.settings import ClickHouseSinkSettings as ClickHouseSink
 from ingest.core.mapping import Mapper
 from ingest.errors import ConfigError, InvalidRecord
+from ingest.sinks.clickhouse.settings import ClickHouseColumnSpec
+from ingest.sinks.clickhouse.settings import ClickHouseSinkSettings as ClickHouseSink
 from ingest.types import Record
 
 UTC = timezone.utc

@@ -13,7 +13,13 @@ import psycopg
 import psycopg.errors
 import pytest
 
-from ingest.drivers.postgres import PERMANENT_CLASSES, PERMANENT_CODES, TRANSIENT_CODES, classify, is_row_error
+from ingest.drivers.postgres import (
+    PERMANENT_CLASSES,
+    PERMANENT_CODES,
+    TRANSIENT_CODES,
+    classify,
+    is_row_error,
+)
 from ingest.errors import PermanentError, TransientError, UnclassifiedError
 
 

@@ -6,7 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.core.priority import AgingPriorityQueue, Popped, QueueFull, effective_priority
+from ingest.core.priority import (
+    AgingPriorityQueue,
+    Popped,
+    QueueFull,
+    effective_priority,
+)
 
 # An operation list: ("push", priority, dt) advances the clock by dt then pushes;
 # ("pop", dt) advances the clock by dt then pops.

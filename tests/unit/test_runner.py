@@ -7,6 +7,7 @@ import threading
 
 import orjson
 import pytest
+from runner_fakes import FAST_RETRY, FakeClock, ModelDlq, ModelTable, SteppedLanes
 
 from ingest.config import PipelineSettings
 from ingest.core.collapse import CollapseRule
@@ -17,7 +18,6 @@ from ingest.sources.base import Backlog
 from ingest.sources.memory import MemoryLog, MemorySource
 from ingest.types import Partition
 from ingest.writer import BatchWriter
-from runner_fakes import FAST_RETRY, FakeClock, ModelDlq, ModelTable, SteppedLanes
 
 TOPIC = "t"
 P0, P1 = Partition(TOPIC, 0), Partition(TOPIC, 1)
@@ -139,11 +139,11 @@ def test_a_lost_partition_commits_nothing_more_and_its_buffered_records_are_read
     log = _log({P0: 3})
     h = Harness(log)
     h.pipeline.step()  # polled and buffered (max_latency 20 ms not reached yet)
-    assert h.pipeline._in_flight_records == 3  # noqa: SLF001 - the loop's own accounting
+    assert h.pipeline._flow.records == 3  # noqa: SLF001 - the loop's own accounting
     assert h.source is not None
     h.source.lose([P0])
     h.pipeline.step()
-    assert h.pipeline._in_flight_records == 0  # noqa: SLF001
+    assert h.pipeline._flow.records == 0  # noqa: SLF001
     h.source.assign([P0])
     for _ in range(10):
         h.turn()

@@ -26,14 +26,13 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-
-from ingest.config import PipelineSettings
-from ingest.errors import FatalPipelineError
-from ingest.runner import Pipeline, RunOptions
-from ingest.sources.memory import MemoryLog, MemorySource
-from ingest.types import Partition, Record
-from ingest.writer import BatchWriter
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 from runner_fakes import (
     FAST_RETRY,
     FakeClock,
@@ -43,6 +42,13 @@ from runner_fakes import (
     ModelTable,
     SteppedLanes,
 )
+
+from ingest.config import PipelineSettings
+from ingest.errors import FatalPipelineError
+from ingest.runner import Pipeline, RunOptions
+from ingest.sources.memory import MemoryLog, MemorySource
+from ingest.types import Partition, Record
+from ingest.writer import BatchWriter
 
 TOPIC = "t"
 PARTITIONS = [Partition(TOPIC, 0), Partition(TOPIC, 1)]
