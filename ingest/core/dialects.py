@@ -99,75 +99,94 @@ def ch_type(type_name: str) -> ChType:
     Names are case-sensitive, as in ClickHouse. Supported: see :data:`CH_SUPPORTED`.
     """
     tokens = _CH_TOKEN.findall(type_name)
+    parser = _ChTypeParser(type_name, tokens)
     if "".join(tokens) != "".join(type_name.split()) or not tokens:
-        raise ValueError(f"unsupported column type {type_name!r}; supported: {CH_SUPPORTED}")
-    pos = 0
+        raise parser.bad()
+    result = parser.parse()
+    if parser.pos != len(tokens):
+        raise parser.bad()
+    return result
 
-    def bad(why: str = "") -> ValueError:
-        return ValueError(f"unsupported column type {type_name!r}{': ' + why if why else ''}; "
+
+class _ChTypeParser:
+    """A recursive-descent parser over the tokens of one ClickHouse type name."""
+
+    def __init__(self, type_name: str, tokens: list[str]) -> None:
+        self.type_name = type_name
+        self.tokens = tokens
+        self.pos = 0
+
+    def bad(self, why: str = "") -> ValueError:
+        return ValueError(f"unsupported column type {self.type_name!r}{': ' + why if why else ''}; "
                           f"supported: {CH_SUPPORTED}")
 
-    def take(expected: str | None = None) -> str:
-        nonlocal pos
-        if pos >= len(tokens):
-            raise bad()
-        tok = tokens[pos]
+    def take(self, expected: str | None = None) -> str:
+        if self.pos >= len(self.tokens):
+            raise self.bad()
+        tok = self.tokens[self.pos]
         if expected is not None and tok != expected:
-            raise bad()
-        pos += 1
+            raise self.bad()
+        self.pos += 1
         return tok
 
-    def number(lo: int, hi: int, what: str) -> int:
-        tok = take()
+    def next_is(self, tok: str) -> bool:
+        return self.pos < len(self.tokens) and self.tokens[self.pos] == tok
+
+    def number(self, lo: int, hi: int, what: str) -> int:
+        tok = self.take()
         if not tok.isdigit() or not lo <= int(tok) <= hi:
-            raise bad(f"{what} must be {lo}..{hi}")
+            raise self.bad(f"{what} must be {lo}..{hi}")
         return int(tok)
 
-    def parse() -> ChType:
-        name = take()
+    def parse(self) -> ChType:
+        name = self.take()
         if name in _CH_SIMPLE:
             kind = _CH_SIMPLE[name]
             return ChType(kind, name, "String" if kind == "json" else name)
         if name == "Decimal":
-            take("(")
-            p = number(1, 76, "Decimal precision")
-            s = 0
-            if pos < len(tokens) and tokens[pos] == ",":
-                take(",")
-                s = number(0, p, "Decimal scale")
-            take(")")
-            return ChType("decimal", f"Decimal({p}, {s})", f"Decimal({p}, {s})", precision=p, scale=s)
+            return self.decimal()
         if name == "DateTime64":
-            take("(")
-            p = number(0, 9, "DateTime64 precision")
-            tz = ""
-            if pos < len(tokens) and tokens[pos] == ",":
-                take(",")
-                tz = take()
-                if not (tz.startswith("'") and len(tz) > 2):
-                    raise bad("DateTime64 time zone must be a quoted name")
-                tz = f", {tz}"
-            take(")")
-            return ChType("datetime64", f"DateTime64({p}{tz})", f"DateTime64({p}{tz})", precision=p)
+            return self.datetime64()
         if name in ("Nullable", "Array", "LowCardinality"):
-            take("(")
-            inner = parse()
-            take(")")
-            if name == "Nullable":
-                if inner.kind in ("nullable", "array", "lowcardinality"):
-                    raise bad(f"Nullable cannot contain {inner.name}")
-                return ChType("nullable", f"Nullable({inner.name})", f"Nullable({inner.ddl})", inner)
-            if name == "Array":
-                if inner.kind == "lowcardinality":
-                    raise bad("Array(LowCardinality(...)) is not supported")
-                return ChType("array", f"Array({inner.name})", f"Array({inner.ddl})", inner)
-            base = inner.inner if inner.kind == "nullable" else inner
-            if base is None or base.kind != "string":
-                raise bad("LowCardinality supports String and Nullable(String) only")
-            return ChType("lowcardinality", f"LowCardinality({inner.name})", f"LowCardinality({inner.ddl})", inner)
-        raise bad()
+            self.take("(")
+            inner = self.parse()
+            self.take(")")
+            return self.wrapper(name, inner)
+        raise self.bad()
 
-    result = parse()
-    if pos != len(tokens):
-        raise bad()
-    return result
+    def decimal(self) -> ChType:
+        self.take("(")
+        p = self.number(1, 76, "Decimal precision")
+        s = 0
+        if self.next_is(","):
+            self.take(",")
+            s = self.number(0, p, "Decimal scale")
+        self.take(")")
+        return ChType("decimal", f"Decimal({p}, {s})", f"Decimal({p}, {s})", precision=p, scale=s)
+
+    def datetime64(self) -> ChType:
+        self.take("(")
+        p = self.number(0, 9, "DateTime64 precision")
+        tz = ""
+        if self.next_is(","):
+            self.take(",")
+            tz = self.take()
+            if not (tz.startswith("'") and len(tz) > 2):
+                raise self.bad("DateTime64 time zone must be a quoted name")
+            tz = f", {tz}"
+        self.take(")")
+        return ChType("datetime64", f"DateTime64({p}{tz})", f"DateTime64({p}{tz})", precision=p)
+
+    def wrapper(self, name: str, inner: ChType) -> ChType:
+        if name == "Nullable":
+            if inner.kind in ("nullable", "array", "lowcardinality"):
+                raise self.bad(f"Nullable cannot contain {inner.name}")
+            return ChType("nullable", f"Nullable({inner.name})", f"Nullable({inner.ddl})", inner)
+        if name == "Array":
+            if inner.kind == "lowcardinality":
+                raise self.bad("Array(LowCardinality(...)) is not supported")
+            return ChType("array", f"Array({inner.name})", f"Array({inner.ddl})", inner)
+        base = inner.inner if inner.kind == "nullable" else inner
+        if base is None or base.kind != "string":
+            raise self.bad("LowCardinality supports String and Nullable(String) only")
+        return ChType("lowcardinality", f"LowCardinality({inner.name})", f"LowCardinality({inner.ddl})", inner)

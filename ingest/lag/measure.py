@@ -76,43 +76,13 @@ def measure_partitions(
     Returns ``(rows, errors)``; a topic missing on the broker is an error, not
     a row. Raises ``KafkaException`` when the broker does not answer.
     """
-    from confluent_kafka import OFFSET_INVALID, KafkaException, TopicPartition
-
     errors: list[str] = []
-    parts: list[PartitionKey] = []
-    for topic in dict.fromkeys(topics):
-        md = consumer.list_topics(topic, timeout=timeout_s)  # raises when the broker does not answer
-        tmd = md.topics.get(topic)
-        if tmd is None or tmd.error is not None:
-            errors.append(f"topic {topic}: {tmd.error.str() if tmd is not None else 'absent from metadata'}")
-            continue
-        parts.extend((topic, p) for p in sorted(tmd.partitions))
+    parts = _partitions(consumer, topics, timeout_s, errors)
     if not parts:
         return [], errors
-
-    committed: dict[PartitionKey, int | None] = {}
-    if stored is not None:
-        committed = {key: stored.get(key) for key in parts}
-    for tp in ([] if stored is not None else consumer.committed([TopicPartition(t, p) for t, p in parts],
-                                                                timeout=timeout_s)):
-        if tp.error is not None:
-            errors.append(f"{tp.topic}[{tp.partition}]: committed offset: {tp.error.str()}")
-            continue
-        committed[(tp.topic, tp.partition)] = tp.offset if tp.offset != OFFSET_INVALID and tp.offset >= 0 else None
-
-    measured: list[tuple[PartitionKey, int | None, int, int]] = []
-    for key in parts:
-        if key not in committed:
-            continue
-        try:
-            low, high = consumer.get_watermark_offsets(TopicPartition(*key), timeout=timeout_s, cached=False)
-        except KafkaException as exc:
-            code, msg = _kafka_error_text(exc)
-            if code in _UNREACHABLE_CODES:
-                raise
-            errors.append(f"{key[0]}[{key[1]}]: watermarks: {msg}")
-            continue
-        measured.append((key, committed[key], low, high))
+    committed = ({key: stored.get(key) for key in parts} if stored is not None
+                 else _committed(consumer, parts, timeout_s, errors))
+    measured = _watermarks(consumer, [key for key in parts if key in committed], committed, timeout_s, errors)
 
     behind = {key: consume_position(c, low) for key, c, low, high in measured if records_behind(c, low, high) > 0}
     stamps = oldest_timestamps(probe, behind, timeout_s=timeout_s) if probe is not None and behind else {}
@@ -123,6 +93,53 @@ def measure_partitions(
         rows.append(PartitionLag(key[0], key[1], c, low, high, records_behind(c, low, high),
                                  oldest_ts_ms=ts, lag_s=age_seconds(ts, now_ms)))
     return rows, errors
+
+def _partitions(consumer: _ConsumerLike, topics: Sequence[str], timeout_s: float,
+                errors: list[str]) -> list[PartitionKey]:
+    """Every partition of ``topics`` in the broker's metadata; a missing topic is appended to ``errors``."""
+    parts: list[PartitionKey] = []
+    for topic in dict.fromkeys(topics):
+        md = consumer.list_topics(topic, timeout=timeout_s)  # raises when the broker does not answer
+        tmd = md.topics.get(topic)
+        if tmd is None or tmd.error is not None:
+            errors.append(f"topic {topic}: {tmd.error.str() if tmd is not None else 'absent from metadata'}")
+            continue
+        parts.extend((topic, p) for p in sorted(tmd.partitions))
+    return parts
+
+
+def _committed(consumer: _ConsumerLike, parts: Sequence[PartitionKey], timeout_s: float,
+               errors: list[str]) -> dict[PartitionKey, int | None]:
+    """The group's committed offset per partition (None: nothing committed); a per-partition error is skipped."""
+    from confluent_kafka import OFFSET_INVALID, TopicPartition
+
+    committed: dict[PartitionKey, int | None] = {}
+    for tp in consumer.committed([TopicPartition(t, p) for t, p in parts], timeout=timeout_s):
+        if tp.error is not None:
+            errors.append(f"{tp.topic}[{tp.partition}]: committed offset: {tp.error.str()}")
+            continue
+        committed[(tp.topic, tp.partition)] = tp.offset if tp.offset != OFFSET_INVALID and tp.offset >= 0 else None
+    return committed
+
+
+def _watermarks(consumer: _ConsumerLike, parts: Sequence[PartitionKey], committed: Mapping[PartitionKey, int | None],
+                timeout_s: float, errors: list[str]) -> list[tuple[PartitionKey, int | None, int, int]]:
+    """``(partition, committed, low, high)`` per partition; an unreachable broker raises, other errors are kept."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    measured: list[tuple[PartitionKey, int | None, int, int]] = []
+    for key in parts:
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(*key), timeout=timeout_s, cached=False)
+        except KafkaException as exc:
+            code, msg = _kafka_error_text(exc)
+            if code in _UNREACHABLE_CODES:
+                raise
+            errors.append(f"{key[0]}[{key[1]}]: watermarks: {msg}")
+            continue
+        measured.append((key, committed[key], low, high))
+    return measured
+
 
 
 def oldest_timestamps(probe: _ProbeLike, positions: Mapping[PartitionKey, int], *,

@@ -287,6 +287,10 @@ class Pipeline:
         Offsets are tracked per run of one partition (records arrive in such runs)
         with one ``track_many`` call, before anything of the run can complete:
         completions are applied on this thread, after ``_accept`` returns.
+
+        Deliberately one long loop: it binds what it uses to locals once per
+        chunk and makes no helper call per record that it can avoid, since
+        every record of every pipeline passes through it.
         """
         tracker = self._tracker
         map_record = self._mapper.map

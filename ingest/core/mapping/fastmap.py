@@ -85,40 +85,8 @@ def compile_fast_map(columns: Sequence[FastColumn], *, needs_json: bool, needs_o
         lines.append("    doc = None")
     names = []
     for i, col in enumerate(columns):
-        v, c = f"v{i}", f"c{i}"
-        names.append(c)
-        env[f"coerce{i}"] = col.coerce
-        if col.doc_key is not None and needs_object:
-            lines.append(f"    {v} = doc.get({col.doc_key!r})")
-        else:
-            env[f"get{i}"] = col.getter
-            lines.append(f"    {v} = get{i}(record, doc)")
-        lines.append(f"    if {v} is None:")
-        if col.required:
-            lines.append("        raise _Fallback")
-        else:
-            env[f"default{i}"] = col.default
-            lines.append(f"        {c} = default{i}")
-        kind = col.inline[0] if col.inline else None
-        if kind == "int":
-            _, lo, hi = col.inline  # type: ignore[misc]
-            lines.append(f"    elif type({v}) is _int and {lo!r} <= {v} <= {hi!r}:")
-            lines.append(f"        {c} = {v}")
-        elif kind == "text":
-            forbid_nul = col.inline[1]  # type: ignore[index]
-            cond = f"type({v}) is _str" + (f" and '\\x00' not in {v}" if forbid_nul else "")
-            lines.append(f"    elif {cond}:")
-            lines.append(f"        {c} = {v}")
-        elif kind == "decimal":  # finite: v - v is 0.0 (inf - inf and nan are nan)
-            lines.append(f"    elif type({v}) is _float and {v} - {v} == 0.0:")
-            lines.append(f"        {c} = _Decimal(_repr({v}))")
-        elif kind == "epoch_ms":
-            _, epoch, lo, hi = col.inline  # type: ignore[misc]
-            env[f"epoch{i}"] = epoch
-            lines.append(f"    elif type({v}) is _int and {lo!r} <= {v} <= {hi!r}:")
-            lines.append(f"        {c} = epoch{i} + _timedelta(0, 0, 0, {v})")
-        lines.append("    else:")
-        lines.append(f"        {c} = coerce{i}({v})")
+        names.append(f"c{i}")
+        lines += _column_lines(i, col, env, needs_object)
     if key_getter is None:
         lines.append("    key = record.key")
     else:
@@ -129,3 +97,47 @@ def compile_fast_map(columns: Sequence[FastColumn], *, needs_json: bool, needs_o
     code = compile("\n".join(lines) + "\n", "<ingest.fastmap>", "exec")
     exec(code, env)  # noqa: S102 - generated from the fixed template above; config values are repr() literals
     return env["fast"]  # type: ignore[no-any-return]
+
+
+def _column_lines(i: int, col: FastColumn, env: dict[str, Any], needs_object: bool) -> list[str]:
+    """The generated lines that set ``c<i>`` from the document; names they use are added to ``env``.
+
+    Read ``v<i>`` (a plain ``doc.get`` for a top-level key, else the getter);
+    missing: the default or ``_Fallback`` when required; the column's inline
+    fast check when it has one; otherwise its coercer.
+    """
+    v, c = f"v{i}", f"c{i}"
+    env[f"coerce{i}"] = col.coerce
+    lines = []
+    if col.doc_key is not None and needs_object:
+        lines.append(f"    {v} = doc.get({col.doc_key!r})")
+    else:
+        env[f"get{i}"] = col.getter
+        lines.append(f"    {v} = get{i}(record, doc)")
+    lines.append(f"    if {v} is None:")
+    if col.required:
+        lines.append("        raise _Fallback")
+    else:
+        env[f"default{i}"] = col.default
+        lines.append(f"        {c} = default{i}")
+    kind = col.inline[0] if col.inline else None
+    if kind == "int":
+        _, lo, hi = col.inline  # type: ignore[misc]
+        lines.append(f"    elif type({v}) is _int and {lo!r} <= {v} <= {hi!r}:")
+        lines.append(f"        {c} = {v}")
+    elif kind == "text":
+        forbid_nul = col.inline[1]  # type: ignore[index]
+        cond = f"type({v}) is _str" + (f" and '\\x00' not in {v}" if forbid_nul else "")
+        lines.append(f"    elif {cond}:")
+        lines.append(f"        {c} = {v}")
+    elif kind == "decimal":  # finite: v - v is 0.0 (inf - inf and nan are nan)
+        lines.append(f"    elif type({v}) is _float and {v} - {v} == 0.0:")
+        lines.append(f"        {c} = _Decimal(_repr({v}))")
+    elif kind == "epoch_ms":
+        _, epoch, lo, hi = col.inline  # type: ignore[misc]
+        env[f"epoch{i}"] = epoch
+        lines.append(f"    elif type({v}) is _int and {lo!r} <= {v} <= {hi!r}:")
+        lines.append(f"        {c} = epoch{i} + _timedelta(0, 0, 0, {v})")
+    lines.append("    else:")
+    lines.append(f"        {c} = coerce{i}({v})")
+    return lines

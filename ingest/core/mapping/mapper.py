@@ -75,6 +75,41 @@ from ingest.types import Record
 
 __all__ = ["Mapper"]
 
+
+def _column_type(spec: ColumnSpec, dialect: str | None) -> tuple[str, str, Coercer, Any, bool, Any]:
+    """``(pg base type or "", normalised type, coercer, inline code, required, implicit default)`` of a column.
+
+    A ClickHouse column that is neither Nullable nor given a default is
+    required (ClickHouse would silently write a zero); an Array defaults to ``[]``.
+    """
+    if (dialect or getattr(spec, "dialect", "postgres")) == "clickhouse":
+        ch = ch_type(spec.type)
+        required = spec.required or (ch.kind != "array" and not ch.nullable and spec.default is None)
+        return "", ch.name, _ch_coercer(ch), _ch_inline(ch), required, [] if ch.kind == "array" else None
+    base, full = pg_base_type(spec.type)
+    return base, full, _coercer_for(base), _pg_inline(base), spec.required, None
+
+
+def _compile_column(name: str, spec: ColumnSpec, dialect: str | None, source: str,
+                    parsed: Mapping[str, Any], needs_object: bool) -> tuple[tuple[Any, ...], FastColumn, str]:
+    """One column's generic plan entry, fast-path column and normalised type; ValueError on a bad spec."""
+    base, full, coerce, inline, required, default = _column_type(spec, dialect)
+    doc_key: str | None = None
+    if source.startswith("$"):
+        steps = parsed[source]
+        getter = _path_getter(steps, needs_object)
+        if len(steps) == 1 and steps[0][0]:
+            doc_key = str(steps[0][1])
+    else:
+        getter = _metadata_getter(source, as_text=base != "bytea")
+    if spec.default is not None:
+        try:
+            default = coerce(spec.default)
+        except _Bad as exc:
+            raise ValueError(f"default is not a valid {full}: {exc.detail}") from None
+    entry = (name, source, getter, coerce, default, required)
+    return entry, FastColumn(getter, doc_key, coerce, default, required, inline), full
+
 class Mapper:
     """Turns a :class:`~ingest.types.Record` into a row tuple plus its ordering key.
 
@@ -126,47 +161,12 @@ class Mapper:
         types = []
         fast_columns = []
         for name, spec in columns.items():
-            required = spec.required
-            implicit_default = None
-            if (dialect or getattr(spec, "dialect", "postgres")) == "clickhouse":
-                try:
-                    ch = ch_type(spec.type)
-                except ValueError as exc:
-                    raise ValueError(f"column {name!r}: {exc}") from None
-                base, full = "", ch.name
-                coerce = _ch_coercer(ch)
-                inline = _ch_inline(ch)
-                if ch.kind == "array":
-                    implicit_default = []
-                elif not ch.nullable and spec.default is None:
-                    required = True
-            else:
-                try:
-                    base, full = pg_base_type(spec.type)
-                except ValueError as exc:
-                    raise ValueError(f"column {name!r}: {exc}") from None
-                coerce = _coercer_for(base)
-                inline = _pg_inline(base)
-            source = sources[name]
-            doc_key: str | None = None
-            if source.startswith("$"):
-                steps = parsed[source]
-                getter = _path_getter(steps, self._needs_object)
-                if len(steps) == 1 and steps[0][0]:
-                    doc_key = str(steps[0][1])
-            else:
-                try:
-                    getter = _metadata_getter(source, as_text=base != "bytea")
-                except ValueError as exc:
-                    raise ValueError(f"column {name!r}: {exc}") from None
-            default = implicit_default
-            if spec.default is not None:
-                try:
-                    default = coerce(spec.default)
-                except _Bad as exc:
-                    raise ValueError(f"column {name!r}: default is not a valid {full}: {exc.detail}") from None
-            plan.append((name, source, getter, coerce, default, required))
-            fast_columns.append(FastColumn(getter, doc_key, coerce, default, required, inline))
+            try:
+                entry, fast, full = _compile_column(name, spec, dialect, sources[name], parsed, self._needs_object)
+            except ValueError as exc:
+                raise ValueError(f"column {name!r}: {exc}") from None
+            plan.append(entry)
+            fast_columns.append(fast)
             types.append(full)
         self._plan: tuple[tuple[str, str, Getter, Coercer, Any, bool], ...] = tuple(plan)
         #: Column names in row order.
