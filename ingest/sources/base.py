@@ -49,7 +49,8 @@ class Backlog:
     partition: Partition
     #: the group's committed offset (None: never committed)
     committed: int | None
-    #: records between the committed offset and the log end (at least 1)
+    #: records between the committed offset and the log end: at least 1; exact on Kafka, a lower
+    #: bound on brokers whose reported high watermark lags the log end (Tansu)
     behind: int
 
 
