@@ -21,7 +21,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ingest.dlq.base import DlqEntry
-from ingest.drivers.postgres import classify, execute_ddl, load_sql
+from ingest.drivers.postgres import classify, execute_ddl, load_sql, pooled
 from ingest.errors import TransientError
 from ingest.redact import scrub
 
@@ -115,7 +115,7 @@ class PostgresDlq:
             return
         rows = [entry_row(e) for e in entries]
         try:
-            with self._get_pool().connection() as conn:
+            with pooled(self._get_pool()) as conn:
                 with conn.transaction(), conn.cursor() as cur:
                     self.put_in(cur, rows)
         except PoolTimeout as exc:

@@ -38,6 +38,12 @@ The classification asks of every error: *can a good record cause this?*
   good rows one by one. The same without SQLSTATE on a broken connection is the
   connection failing: transient.
 
+Some transient errors condemn the *session*, not the statement: a read-only
+transaction (25006) means the server behind this connection is a replica now
+(a failover) or the session was made read-only, and it stays so for the
+connection's life. :func:`pooled` closes such a connection, so the pool
+replaces it and the retry reaches the new primary instead of the old one.
+
 Messages carry the server's diagnostic text (it names columns and constraints,
 never credentials) and never a DSN.
 """
@@ -52,7 +58,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg_pool import PoolTimeout
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ingest.errors import (
     MigrationError,
@@ -70,6 +76,8 @@ PERMANENT_CLASSES: frozenset[str] = frozenset({"20", "21", "22", "23", "27", "2F
 #: Codes decided against their class.
 PERMANENT_CODES: frozenset[str] = frozenset({"40002"})
 TRANSIENT_CODES: frozenset[str] = frozenset({"54011"})
+#: SQLSTATEs after which a connection is closed rather than reused (see the module docstring).
+STALE_SESSION_CODES: frozenset[str] = frozenset({"25006"})
 #: 42501 is insufficient_privilege: an outage, unless a row-level security policy rejected this row.
 _RLS_PREFIX = "new row violates row-level security policy"
 
@@ -133,6 +141,19 @@ def _first_line(text: str) -> str:
 def healthy(conn: psycopg.Connection[Any] | None) -> bool:
     """The connection is still usable after an error (psycopg marks a broken one)."""
     return conn is not None and not conn.closed and not conn.broken
+
+
+@contextlib.contextmanager
+def pooled(pool: ConnectionPool) -> Iterator[psycopg.Connection[Any]]:
+    """A connection from ``pool``; closed on the way back (the pool then opens a new one) after an error
+    in :data:`STALE_SESSION_CODES`. Errors pass through unchanged."""
+    with pool.connection() as conn:
+        try:
+            yield conn
+        except psycopg.Error as exc:
+            if getattr(exc, "sqlstate", None) in STALE_SESSION_CODES and not conn.closed:
+                conn.close()
+            raise
 
 
 @dataclass

@@ -1492,6 +1492,116 @@ def case_pg_restart(env: ChaosEnv) -> CaseResult:
 # --------------------------------------------------------------------------- a bug this runner found
 
 
+def case_pg_read_only(env: ChaosEnv) -> CaseResult:
+    """A failover seen from ingest: its sessions become read-only (``default_transaction_read_only`` for
+    its role, and its connections killed so they reconnect into it), every write fails with 25006;
+    then new sessions are writable again while the pooled ones stay read-only (the old primary, now a
+    replica, still answers them). Expected: retried, never dead-lettered, and writing again without a
+    restart -- a connection whose session is read-only must be replaced, not retried forever."""
+    rounds = env.size(2, 4)
+    hold_s = env.size(3.0, 5.0)
+
+    def body(scn: Scenario) -> None:
+        cfg = scn.config()
+        scn.produce(env.size(4_000, 20_000))
+        role, db = sql.Identifier(scn.role), sql.Identifier(scn.dbname)
+        with scn.feeding(env.size(1500, 2500)):
+            proc = scn.start(cfg, "run1")
+            scn.wait_assigned(proc)
+            scn.wait_progress(proc)
+            for _ in range(rounds):
+                with psycopg.connect(scn.pg_admin, autocommit=True) as conn:
+                    conn.execute(sql.SQL("ALTER ROLE {} IN DATABASE {} SET default_transaction_read_only = on")
+                                 .format(role, db))
+                    try:
+                        scn.terminate_ingest_backends()
+                        scn.result.faults[f"read-only sessions {hold_s:.0f}s"] += 1
+                        time.sleep(hold_s)
+                    finally:
+                        conn.execute(sql.SQL("ALTER ROLE {} IN DATABASE {} RESET default_transaction_read_only")
+                                     .format(role, db))
+                scn.alive(proc, "its sessions were read-only")
+                scn.wait_progress(proc, timeout_s=30)  # with the read-only sessions still pooled
+            refused = log_count(proc, "read-only transaction")
+            scn.say(f"'read-only transaction' seen {refused} times in ingest's log")
+            if refused == 0:
+                scn.result.problems.append("no write ever met a read-only session ('read-only transaction' not logged)")
+            scn.stop(proc)
+        scn.final_run()
+        scn.verify()
+
+    return _run_case(env, "pg-read-only", body, keys=env.size(1500, 6000))
+
+
+def case_sigstop(env: ChaosEnv) -> CaseResult:
+    """Two members; one is frozen (SIGSTOP) -- at a random moment or in the middle of a flush -- for
+    longer than the session timeout, so the group gives its partitions to the other; then SIGCONT. The
+    frozen one wakes up with a write or a commit in hand for partitions it no longer owns: it must
+    learn it lost them, commit nothing for them, and rejoin; no row may go backwards meanwhile."""
+    rounds = env.size(2, 5)
+    session_s = CONSUMER_SETTINGS["session.timeout.ms"] / 1000
+
+    def body(scn: Scenario) -> None:
+        cfg = scn.config()
+        scn.produce(env.size(4_000, 20_000))
+        with scn.feeding(env.size(1500, 2500)):
+            a = scn.start(cfg, "A")
+            scn.wait_assigned(a)
+            b = scn.start(cfg, "B")
+            scn.wait_assigned(b)
+            scn.wait_progress(b)
+            for i in range(rounds):
+                frozen, other = (a, b) if i % 2 == 0 else (b, a)
+                if i % 2 == 1:  # both members flush slowly now: the one frozen is likely in its own
+                    scn.knob("flush_delay_s", 0.5)
+                    seen = scn.wait_activity("flush", frozen, "-infinity")
+                else:
+                    time.sleep(scn.rng.uniform(0.1, 1.5))
+                    seen = "random point"
+                n_other, n_frozen = len(assignments(other)), len(assignments(frozen))
+                gone_before = log_count(frozen, "partitions lost") + revokes(frozen)
+                scn.alive(frozen, "freezing it")
+                frozen.send_signal(signal.SIGSTOP)
+                try:
+                    scn.result.faults["SIGSTOP past the session timeout"] += 1
+                    scn.say(f"SIGSTOP {scn.label(frozen)} during {seen!r}")
+                    scn.knob("flush_delay_s", 0)
+                    try:
+                        wait_until(lambda: len(assignments(other)) > n_other
+                                   and len(assignments(other)[-1]) == PARTITIONS, 60, interval_s=0.05,
+                                   what=f"{scn.label(other)} holding all partitions", proc=other)
+                    except AssertionError as exc:
+                        raise ChaosFailure(str(exc)) from None
+                    time.sleep(scn.rng.uniform(0.0, session_s))
+                finally:
+                    frozen.send_signal(signal.SIGCONT)
+                scn.say(f"SIGCONT {scn.label(frozen)}")
+                scn.alive(frozen, "it was frozen")
+                try:
+                    wait_until(lambda: log_count(frozen, "partitions lost") + revokes(frozen) > gone_before, 60,
+                               interval_s=0.05, what=f"{scn.label(frozen)} noticing it lost its partitions",
+                               proc=frozen)
+                    wait_until(lambda: len(assignments(frozen)) > n_frozen, 60, interval_s=0.05,
+                               what=f"{scn.label(frozen)} rejoining", proc=frozen)
+                except AssertionError as exc:
+                    raise ChaosFailure(str(exc)) from None
+                scn.wait_progress(other)
+            lost = log_count(a, "partitions lost") + log_count(b, "partitions lost")
+            scn.say(f"'partitions lost' logged {lost} times")
+            n_b = len(assignments(b))
+            scn.stop(a)
+            try:  # B is stopped only once its join after A left is over (a leave mid-join wedges Tansu's group)
+                wait_until(lambda: len(assignments(b)) > n_b and len(assignments(b)[-1]) == PARTITIONS, 60,
+                           interval_s=0.05, what="B holding all partitions", proc=b)
+            except AssertionError as exc:
+                raise ChaosFailure(str(exc)) from None
+            scn.stop(b)
+        scn.final_run()
+        scn.verify()
+
+    return _run_case(env, "sigstop", body, keys=env.size(1500, 6000))
+
+
 def case_poison_same_key(env: ChaosEnv) -> CaseResult:
     """CHECK-violating records as the latest record of live keys, in one batch. Expected: the good
     records land (each key at its last good seq) and every poison record is in the DLQ. No outside
@@ -1531,6 +1641,8 @@ CASES: dict[str, Callable[[ChaosEnv], CaseResult]] = {
     "broker-down": case_broker_down,
     "pg-restart": case_pg_restart,
     "poison-same-key": case_poison_same_key,
+    "pg-read-only": case_pg_read_only,
+    "sigstop": case_sigstop,
 }
 
 

@@ -125,6 +125,16 @@ def test_postgres_restarted(chaos_env, chaos_results):
     _check(chaos_env, chaos.case_pg_restart, chaos_results)
 
 
+def test_postgres_read_only_sessions(chaos_env, chaos_results):
+    """A failover: ingest's sessions read-only (25006), then writable again for new sessions only."""
+    _check(chaos_env, chaos.case_pg_read_only, chaos_results)
+
+
+def test_member_frozen_past_the_session_timeout(chaos_env, chaos_results):
+    """SIGSTOP one of two members past the session timeout (randomly or mid-flush), then SIGCONT."""
+    _check(chaos_env, chaos.case_sigstop, chaos_results)
+
+
 # --------------------------------------------------------------------------- product bugs found by the runner
 
 

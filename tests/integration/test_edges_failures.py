@@ -307,6 +307,80 @@ def test_read_only_database_is_an_outage_not_poison(write_method, kafka_bootstra
         assert count_rows(pg_dsn) == 200 and _dlq_count(dlq_dsn) == 0
 
 
+def _within_attempts(n: int, fn: Any) -> None:
+    """Call ``fn`` until it succeeds, at most ``n`` times (TransientError between attempts)."""
+    from ingest.errors import TransientError
+
+    for attempt in range(1, n + 1):
+        try:
+            fn()
+            return
+        except TransientError:
+            if attempt == n:
+                raise
+
+
+def test_read_only_sessions_are_replaced_not_reused(pg_dsn, pg_admin_dsn):
+    """A failover leaves pooled sessions read-only (the old primary, now a replica, answers them) while
+    new sessions reach a writable primary. The sink and the DLQ table must drop a connection that
+    met 25006, so the retry after the failover writes instead of failing until retries run out."""
+    from ingest.core.routing import stream_id
+    from ingest.dlq.base import DlqEntry
+    from ingest.dlq.postgres import PostgresDlq, migrate_dlq_table
+    from ingest.drivers.postgres import execute_ddl
+    from ingest.errors import TransientError
+    from ingest.sinks.postgres.schema import sink_table_sql
+    from ingest.sinks.postgres.settings import PostgresSinkSettings
+    from ingest.sinks.postgres.sink import PostgresSink
+    from ingest.types import Failure, Record
+
+    # values: with copy, a read-only session cannot even be configured (its temp stage table), so the
+    # pool never hands one out -- the case this test is about needs a session that connects and then fails.
+    cfg = PostgresSinkSettings(dsn=pg_dsn, table="ro", conflict_key=["id"], columns={"id": {"type": "bigint"}},
+                               write_method="values")
+    execute_ddl(pg_dsn, "test", sink_table_sql(cfg))
+    migrate_dlq_table(pg_dsn, "public", "ingest_dlq", "test")
+    info = conninfo.conninfo_to_dict(pg_dsn)
+    role_in_db = sql.SQL("ALTER ROLE {} IN DATABASE {} ").format(
+        sql.Identifier(info.get("user") or "postgres"), sql.Identifier(info["dbname"]))
+
+    def read_only(on: bool) -> None:
+        change = "SET default_transaction_read_only = on" if on else "RESET default_transaction_read_only"
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+            conn.execute(role_in_db + sql.SQL(change))
+            if on:  # the pooled sessions reconnect into read-only ones
+                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                             "AND pid <> pg_backend_pid()", (info["dbname"],))
+
+    sink = PostgresSink(cfg, pool_size=1)
+    dlq = PostgresDlq(pg_dsn, "public", "ingest_dlq", pool_size=1)
+    entry = DlqEntry("p", Record("t", 0, 7, b"k", b"v", None), Failure("write", "x", "y"))
+    try:
+        sink.write([(1, stream_id("t", 0), 0)])
+        dlq.put([entry])
+        read_only(True)
+        for _ in range(3):  # the first may meet the killed connection; then read-only ones
+            with contextlib.suppress(TransientError):
+                sink.write([(2, stream_id("t", 0), 1)])
+            with contextlib.suppress(TransientError):
+                dlq.put([entry])
+        with pytest.raises(TransientError, match="read-only transaction"):
+            sink.write([(2, stream_id("t", 0), 1)])
+        with pytest.raises(TransientError, match="read-only transaction"):
+            dlq.put([entry])
+        read_only(False)  # new sessions are writable; nothing touches the pooled ones
+        # The pool replaced each condemned connection at once, maybe still during the outage: one
+        # more failed attempt per pooled connection (pool_size 1) is the price; then it writes.
+        # Reusing a read-only session would fail every attempt.
+        _within_attempts(2, lambda: sink.write([(3, stream_id("t", 0), 2)]))
+        _within_attempts(2, lambda: dlq.put([entry]))
+    finally:
+        sink.close()
+        dlq.close()
+    with psycopg.connect(pg_dsn) as conn:
+        assert [r[0] for r in conn.execute("SELECT id FROM ro ORDER BY id")] == [1, 3]
+
+
 def test_revoked_privilege_stops_and_row_level_security_is_poison(kafka_bootstrap, pg_dsn, pg_admin_dsn,
                                                                   new_topic, group_id, tmp_path):
     topic = new_topic(partitions=1)

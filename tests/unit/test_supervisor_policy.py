@@ -7,7 +7,13 @@ import signal
 
 import pytest
 
-from ingest.supervisor.policy import RestartPolicy, describe, failure_code, is_restartable, normalised_exit
+from ingest.supervisor.policy import (
+    RestartPolicy,
+    describe,
+    failure_code,
+    is_restartable,
+    normalised_exit,
+)
 
 
 def test_backoff_doubles_per_recent_death_up_to_the_cap() -> None:

@@ -62,7 +62,7 @@ from ingest.core.collapse import collapse
 from ingest.core.isolation import write_groups_isolating
 from ingest.dlq.base import DlqEntry
 from ingest.dlq.postgres import PostgresDlq, entry_row
-from ingest.drivers.postgres import classify, translate
+from ingest.drivers.postgres import STALE_SESSION_CODES, classify, translate
 from ingest.errors import PermanentError, TransientError
 from ingest.sinks.base import ExactlyOnceResult
 from ingest.types import Failure, Item, Partition
@@ -147,6 +147,8 @@ class StoredOffsets:
         try:
             return fn(self._connection())
         except psycopg.Error as exc:
+            if self._conn is not None and getattr(exc, "sqlstate", None) in STALE_SESSION_CODES:
+                self._conn.close()  # a read-only session stays read-only: the retry needs a new one
             if self._conn is not None and (self._conn.broken or self._conn.closed):
                 self._conn = None
             raise classify(exc) from exc

@@ -29,7 +29,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from ingest.drivers.postgres import check_dsn, translate
+from ingest.drivers.postgres import check_dsn, pooled, translate
 from ingest.sinks.base import InTransaction, RowSource
 from ingest.sinks.postgres.settings import PostgresSinkSettings
 from ingest.sinks.postgres.statements import UpsertStatements, row_sources_query
@@ -144,8 +144,10 @@ class PostgresSink:
         return out
 
     def connection(self) -> Any:
-        """A pooled connection (context manager); for work in one transaction with the rows."""
-        return self._get_pool().connection()
+        """A pooled connection (context manager); for work in one transaction with the rows.
+
+        Replaced by a new one after an error that condemns its session (:func:`ingest.drivers.postgres.pooled`)."""
+        return pooled(self._get_pool())
 
     def write_rows_in(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
         """Write ``rows`` inside the caller's open transaction; several such writes may share it
