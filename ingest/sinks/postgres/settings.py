@@ -57,7 +57,7 @@ class PostgresSinkSettings(SinkSettingsBase):
     #: ``values``: multi-row INSERT .. VALUES (for poolers that forbid temp tables).
     write_method: Literal["copy", "values"] = "copy"
     #: at_least_once: idempotent upserts, Kafka commits; exactly_once: offsets stored in the
-    #: same transaction as the rows (see ingest/exactly_once.py); needs the DLQ in this database.
+    #: same transaction as the rows (see ingest/sinks/postgres/exactly_once.py); needs the DLQ in this database.
     delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, hide_input_in_errors=True)
