@@ -47,8 +47,10 @@ from confluent_kafka import Consumer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ingest.sinks.postgres.settings import PostgresSinkSettings  # noqa: E402
 from ingest.core.mapping import Mapper  # noqa: E402
+from ingest.drivers.postgres import execute_ddl  # noqa: E402
+from ingest.sinks.postgres.schema import sink_table_sql  # noqa: E402
+from ingest.sinks.postgres.settings import PostgresSinkSettings  # noqa: E402
 from ingest.embedded import start_all  # noqa: E402
 from ingest.sinks.postgres.sink import PostgresSink  # noqa: E402
 from ingest.tuning import tune_for_throughput  # noqa: E402
@@ -69,12 +71,19 @@ COLUMNS = {
 }
 
 
+#: Values of the configured columns in a mapped row (the sink appends its hidden source columns).
+WIDTH = len(COLUMNS)
+
+
 def make_table(dsn: str, name: str, keyed: bool) -> None:
+    """A keyed table exactly as ``ingest migrate`` creates it; an unkeyed one of the configured columns only."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'DROP TABLE IF EXISTS "{name}"')
-        pk = ", PRIMARY KEY (event_id)" if keyed else ""
-        conn.execute(f'CREATE TABLE "{name}" (event_id bigint NOT NULL, user_id bigint, kind text, '
-                     f'amount numeric(12,2), ts timestamptz{pk})')
+        if not keyed:
+            conn.execute(f'CREATE TABLE "{name}" (event_id bigint NOT NULL, user_id bigint, kind text, '
+                         f'amount numeric(12,2), ts timestamptz)')
+    if keyed:
+        execute_ddl(dsn, "bench", sink_table_sql(sink_settings(dsn, name)))
 
 
 def sink_settings(dsn: str, table: str) -> PostgresSinkSettings:
@@ -97,6 +106,7 @@ def write_path(dsn: str, rows: list[tuple]) -> Window:
 
 def plain_copy(dsn: str, rows: list[tuple]) -> float:
     make_table(dsn, "bench_copy", keyed=False)
+    rows = [row[:WIDTH] for row in rows]  # the configured columns only (outside the timing)
     with psycopg.connect(dsn) as conn:
         start = time.perf_counter()
         with conn.cursor() as cur, cur.copy('COPY "bench_copy" (event_id, user_id, kind, amount, ts) FROM STDIN') as cp:
@@ -123,7 +133,7 @@ def naive(bootstrap: str, topic: str, dsn: str, mapper: Mapper, n: int) -> float
             start = start or time.perf_counter()
             rec = Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1])
             row, _ = mapper.map(rec)
-            conn.execute(sql, row)
+            conn.execute(sql, row[:WIDTH])
             conn.commit()
             c.commit(message=m, asynchronous=False)
             done += 1

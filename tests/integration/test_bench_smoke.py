@@ -1,0 +1,33 @@
+"""The benchmarks still run: each end-to-end bench on a tiny stream, checking its own verdicts.
+
+Not a speed test (figures on a few thousand records mean nothing): a bench
+that broke with the product (a table created by hand missing a column the sink
+now writes, a renamed module) fails here instead of on the next release's
+measurement. Each bench checks its end-to-end table against the stream itself
+and exits non-zero when it does not match.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.mark.parametrize(("script", "args", "expect"), [
+    ("pg_pipeline.py", ["--records", "3000", "--naive-records", "100", "--rounds", "1", "--processes", "0",
+                        "--lanes", "1"], "(e) ingest run, lanes=1"),
+    ("clickhouse_pipeline.py", ["--records", "3000", "--rounds", "1", "--lanes", "1"],
+     "(end-to-end table: 1000 keys with FINAL, as expected)"),
+])
+def test_bench_runs_end_to_end(script: str, args: list[str], expect: str) -> None:
+    res = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
+                         timeout=280, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, f"{script} exited {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    assert expect in res.stdout, res.stdout[-3000:]
