@@ -62,7 +62,15 @@ from ingest.types import Item  # noqa: E402
 from ingest.writer import BatchWriter  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PARTITIONS, Window, consume_all, cpu_cap, create_topic, produce, run_measured  # noqa: E402
+from common import (  # noqa: E402
+    PARTITIONS,
+    Window,
+    consume_all,
+    cpu_cap,
+    create_topic,
+    produce,
+    run_measured,
+)
 
 BATCH_ROWS = 5000
 DATABASE = "bench"

@@ -51,12 +51,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ingest.sinks.postgres.settings import PostgresSinkSettings  # noqa: E402
 from ingest.core.mapping import Mapper  # noqa: E402
 from ingest.embedded import start_all  # noqa: E402
+from ingest.sinks.postgres.settings import PostgresSinkSettings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import send_all  # noqa: E402
+
 from ingest.types import Item, Record  # noqa: E402
 
 PARTITIONS = 6

@@ -49,16 +49,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ingest.core.mapping import Mapper  # noqa: E402
 from ingest.drivers.postgres import execute_ddl  # noqa: E402
+from ingest.embedded import start_all  # noqa: E402
 from ingest.sinks.postgres.schema import sink_table_sql  # noqa: E402
 from ingest.sinks.postgres.settings import PostgresSinkSettings  # noqa: E402
-from ingest.embedded import start_all  # noqa: E402
 from ingest.sinks.postgres.sink import PostgresSink  # noqa: E402
 from ingest.tuning import tune_for_throughput  # noqa: E402
 from ingest.types import Record  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    CONSUMER, PARTITIONS, BusySampler, Window, consume_all, cpu_cap, create_topic, produce, run_measured,
+    CONSUMER,
+    PARTITIONS,
+    BusySampler,
+    Window,
+    consume_all,
+    cpu_cap,
+    create_topic,
+    produce,
+    run_measured,
 )
 
 BATCH_ROWS = 5000

@@ -86,3 +86,6 @@ def setup_logging(level: str = "info", *, json_output: bool | None = None) -> No
     root.setLevel(level.upper())
     # librdkafka chatter and pool internals only at warning and above.
     logging.getLogger("psycopg.pool").setLevel(max(logging.WARNING, root.level))
+    # The Schema Registry client's HTTP library logs every request at info.
+    for name in ("httpx", "httpx2", "httpcore"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))

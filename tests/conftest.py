@@ -18,6 +18,8 @@ Fixtures:
                      testcontainers, else Debian's clickhouse-server 18.16 as a subprocess whose
                      ``handle`` (harness.services.LocalClickHouse) can stop/start it)
     clickhouse_url   (session)  ``http://[user:password@]host:port`` of that server
+    schema_registry  (function) a fresh Schema Registry stand-in (``.url``, ``.register``, ``.fault``,
+                     ``.stop``/``.start``, ``.hide``/``.reveal``; see harness/schema_registry.py)
     chdb             (function) a fresh chDB (in-process ClickHouse) path for this test:
                      ``chdb.url`` (``chdb:///...``), ``chdb.path``, ``chdb.client()``; clients
                      are closed afterwards (one engine path per process at a time)
@@ -32,6 +34,7 @@ import pytest
 from harness import live_ingest_processes, reap_ingest_processes
 from harness.clickhouse import ChdbSession
 from harness.kafka import close_producers, create_topic, delete_topics, unique_name
+from harness.schema_registry import SchemaRegistryStandIn
 from harness.services import (
     Service,
     ServiceError,
@@ -122,6 +125,16 @@ def new_topic(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[
     # Best effort: frees broker memory on long runs; a failure here is not the test's fault.
     with contextlib.suppress(Exception):
         delete_topics(kafka_bootstrap, created)
+
+
+@pytest.fixture
+def schema_registry() -> Iterator[SchemaRegistryStandIn]:
+    """A fresh Schema Registry stand-in (:mod:`harness.schema_registry`) on an ephemeral port."""
+    registry = SchemaRegistryStandIn()
+    try:
+        yield registry
+    finally:
+        registry.stop()
 
 
 @pytest.fixture

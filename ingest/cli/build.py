@@ -106,7 +106,7 @@ def build_pipeline(settings: Settings, p: PipelineSettings, *, stop: threading.E
     source_factory = functools.partial(KafkaSource, settings.kafka, p.effective_group_id, list(p.topics))
     pipeline = Pipeline(
         p, source_factory=source_factory, writer=writer, stop=stop, abort=abort, options=options,
-        decoder=build_decoder(p),
+        decoder=build_decoder(p, settings.schema_registry),
         metrics=metrics.pipeline(p.name) if metrics is not None else None,
         offset_store=offset_store, scheduler=(schedulers or {}).get(sink_identity(p)),
     )

@@ -69,7 +69,7 @@ def replay_dlq(config: ConfigOpt = None, pipeline: OnePipelineOpt = "", dry_run:
     progress: Any = None
     try:
         replayer = _replayer(p, reader, sink, publisher, max_replays or p.dlq.max_replays, purge, rate,
-                             apply_unordered)
+                             apply_unordered, settings.schema_registry)
         selected, skipped = call(lambda: replayer.count(flt, limit))
         if dry_run:
             from ingest.replay import ReplaySummary
@@ -106,7 +106,7 @@ def _targets(settings: Any, p: PipelineSettings, to: str, dry_run: bool) -> tupl
 
 
 def _replayer(p: PipelineSettings, reader: Any, sink: Any, publisher: Any, max_replays: int, purge: bool,
-              rate: float | None, apply_unordered: bool) -> Any:
+              rate: float | None, apply_unordered: bool, schema_registry: Any = None) -> Any:
     from ingest.replay import Replayer
     from ingest.retry import retrying
     from ingest.sinks import registry
@@ -117,7 +117,7 @@ def _replayer(p: PipelineSettings, reader: Any, sink: Any, publisher: Any, max_r
         sink = _Retrying(sink, lambda: retrying(p.retry, what="replay sink write"))
     from ingest.formats.registry import build_decoder
 
-    return Replayer(p, reader, sink=sink, capabilities=capabilities, decoder=build_decoder(p),
+    return Replayer(p, reader, sink=sink, capabilities=capabilities, decoder=build_decoder(p, schema_registry),
                     marks_in_sink_tx=reader.shares_database(own.get_secret_value() if own else None),
                     publish=publisher, max_replays=max_replays, purge=purge, rate_per_s=rate,
                     apply_unordered=apply_unordered)

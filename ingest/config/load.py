@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -29,6 +29,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from ingest.config.formats import SchemaRegistrySettings
 from ingest.config.pipeline import KafkaSettings, PipelineSettings, SchedulerSettings
 from ingest.errors import ConfigError
 
@@ -42,6 +43,8 @@ class Settings(BaseSettings):
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    #: Where registry-backed formats (avro, json_schema, protobuf) look schemas up.
+    schema_registry: SchemaRegistrySettings | None = None
     pipelines: list[PipelineSettings] = Field(min_length=1)
 
     @field_validator("pipelines")
@@ -53,6 +56,17 @@ class Settings(BaseSettings):
                 raise ValueError(f"duplicate pipeline name {pipeline.name!r}")
             seen.add(pipeline.name)
         return value
+
+    @model_validator(mode="after")
+    def _registry_present(self) -> Settings:
+        from ingest.formats import registry
+
+        if self.schema_registry is None:
+            for p in self.pipelines:
+                if registry.uses_schema_registry(p):
+                    raise ValueError(f"pipeline {p.name!r}: format {p.format} needs a schema_registry section"
+                                     + (" (or avro_schema: FILE)" if p.format == "avro" else ""))
+        return self
 
     def pipeline(self, name: str) -> PipelineSettings:
         for pipeline in self.pipelines:

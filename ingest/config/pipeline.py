@@ -143,8 +143,19 @@ class PipelineSettings(Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     topics: list[str] = Field(min_length=1)
     group_id: str | None = None
-    #: How record values are encoded: a format of the format registry (ingest.formats.registry).
+    #: How record values are encoded: a format of the format registry (ingest.formats.registry):
+    #: ``json``, ``avro``, ``json_schema``, ``protobuf`` (the last three in the Confluent wire format,
+    #: schemas from the top-level ``schema_registry``).
     format: str = "json"
+    #: ``format: avro`` without a registry: the writer schema of every record (an ``.avsc`` file);
+    #: values are then plain Avro binary, with no wire-format header.
+    avro_schema: str | None = None
+    #: How ``ingest check`` finds a topic's subject in the registry (decoding needs none: the schema
+    #: id is in every record): ``topic_name`` (``<topic>-value``), ``record_name`` (``<record_name>``),
+    #: ``topic_record_name`` (``<topic>-<record_name>``).
+    subject_strategy: Literal["topic_name", "record_name", "topic_record_name"] = "topic_name"
+    #: The fully qualified record name the record-name strategies use.
+    record_name: str | None = None
     #: Ordering / lane key: a JSON path into the value; default: the Kafka message key.
     key: str | None = None
     priority: int = 0
@@ -180,6 +191,22 @@ class PipelineSettings(Frozen):
         if value not in registry.names():
             raise ValueError(f"format must be one of {', '.join(repr(n) for n in registry.names())}")
         return value
+
+    @model_validator(mode="after")
+    def _subject_name(self) -> PipelineSettings:
+        if self.subject_strategy != "topic_name" and not self.record_name:
+            raise ValueError(f"subject_strategy {self.subject_strategy} needs record_name")
+        if self.avro_schema is not None and self.format != "avro":
+            raise ValueError("avro_schema is only for format avro")
+        return self
+
+    def value_subjects(self) -> list[str]:
+        """The registry subjects of this pipeline's record values, one per topic (by ``subject_strategy``)."""
+        if self.subject_strategy == "record_name":
+            return [str(self.record_name)]
+        if self.subject_strategy == "topic_record_name":
+            return [f"{topic}-{self.record_name}" for topic in self.topics]
+        return [f"{topic}-value" for topic in self.topics]
 
     @field_validator("sink", mode="before")
     @classmethod

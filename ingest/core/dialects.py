@@ -16,7 +16,7 @@ from dataclasses import dataclass
 PG_TYPES: frozenset[str] = frozenset(
     {
         "smallint", "integer", "bigint", "numeric", "real", "double precision",
-        "text", "varchar", "boolean", "timestamptz", "timestamp", "date",
+        "text", "varchar", "boolean", "timestamptz", "timestamp", "date", "time", "interval",
         "jsonb", "json", "uuid", "bytea",
     }
 )
@@ -25,10 +25,10 @@ PG_TYPE_ALIASES: dict[str, str] = {
     "float8": "double precision", "float4": "real", "decimal": "numeric",
     "bool": "boolean", "character varying": "varchar",
     "timestamp with time zone": "timestamptz", "timestamp without time zone": "timestamp",
+    "time without time zone": "time",
 }
 _TYPE_RE = re.compile(r"^\s*([a-z][a-z0-9 ]*?)\s*(\(\s*\d+\s*(,\s*\d+\s*)?\))?\s*$")
 
-_SOURCE_RE = re.compile(r"^(\$(\.[^.\[\]]+|\[\d+\])*|@(key|topic|partition|offset|timestamp|header\.[^\s]+))$")
 _SECRET_CLIENT_KEYS = ("password", "secret", "sasl.oauthbearer.config", "ssl.key.pem")
 
 

@@ -11,7 +11,10 @@ from typing import Any
 
 from ingest.formats.base import Decoder
 
-_formats: dict[str, Any] = {"json": "ingest.formats.json:JsonDecoder"}
+_formats: dict[str, Any] = {
+    "json": "ingest.formats.json:JsonDecoder",
+    "avro": "ingest.formats.avro:AvroDecoder",
+}
 
 
 def register(name: str, decoder: Any) -> None:
@@ -32,6 +35,18 @@ def decoder_class(name: str) -> type:
     return entry  # type: ignore[no-any-return]
 
 
-def build_decoder(pipeline: Any) -> Decoder:
-    """The decoder of ``pipeline.format``; every decoder class is built with the pipeline's settings."""
-    return decoder_class(pipeline.format)(pipeline)  # type: ignore[no-any-return]
+def uses_schema_registry(pipeline: Any) -> bool:
+    """Whether ``pipeline``'s format looks schemas up in the ``schema_registry`` section (a decoder
+    class says so with a ``uses_schema_registry(pipeline)`` static method)."""
+    check = getattr(decoder_class(pipeline.format), "uses_schema_registry", None)
+    return bool(check is not None and check(pipeline))
+
+
+def build_decoder(pipeline: Any, schema_registry: Any = None) -> Decoder:
+    """The decoder of ``pipeline.format``, built with the pipeline's settings -- and the
+    ``schema_registry`` settings when its class uses a registry. Raises ValueError for settings the
+    format cannot work with (an unreadable ``avro_schema``)."""
+    cls = decoder_class(pipeline.format)
+    if hasattr(cls, "uses_schema_registry"):
+        return cls(pipeline, schema_registry)  # type: ignore[no-any-return]
+    return cls(pipeline)  # type: ignore[no-any-return]

@@ -41,6 +41,7 @@ from ingest.dlq.base import DlqFilter, DlqReader, DlqRow
 from ingest.errors import InvalidRecord
 from ingest.formats.base import Decoder
 from ingest.replay.order import Verdict, judge
+from ingest.retry import retrying
 from ingest.sinks.base import Capabilities, Sink
 from ingest.types import Failure, Item
 
@@ -117,6 +118,8 @@ class Replayer:
         self._apply_unordered = apply_unordered
         self.on_progress = on_progress
         self._mapper = Mapper(pipeline.sink.columns, pipeline.key, decoder=decoder)
+        #: fetches the schemas a chunk names (registry formats) before it is mapped
+        self._prepare = getattr(decoder, "prepare", None)
         self._rule = pipeline.sink.collapse_rule()
         # The order guard needs row sources, and applies only where offsets order the rows (no version).
         self._guarded = (sink is not None and capabilities.row_sources and pipeline.sink.tracks_sources
@@ -167,6 +170,10 @@ class Replayer:
         failures: list[tuple[int | str, Failure]] = []
         items: list[Item] = []
         entry_of: dict[int, DlqRow] = {}  # id(item) -> its DLQ entry
+        if self._prepare is not None:  # a registry outage is retried, never a reason to give up on an entry
+            for attempt in retrying(self._p.retry, what="schema registry lookups"):
+                with attempt:
+                    self._prepare([row.record for row in rows if row.record.value is not None])
         for row in sorted(rows, key=lambda r: r.record.source_position):
             try:
                 mapped, _ = self._mapper.map(row.record)

@@ -4,8 +4,10 @@ A record is *in flight* from the moment it is tracked until its batch's
 completion is applied. When more than ``max_buffered_records`` records or
 ``max_buffered_bytes`` bytes are in flight, every assigned partition is paused
 (the consumer keeps polling, so it stays in its group); below 80 % of both
-bounds they resume. :meth:`Flow.regulate` is the signal: it says what it did,
-so the loop can count it as activity.
+bounds they resume. While :attr:`Flow.held` is set (records wait for their
+schemas: :mod:`ingest.runner.hold`) they stay paused whatever the counts.
+:meth:`Flow.regulate` is the signal: it says what it did, so the loop can count
+it as activity.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class Flow:
         #: per lane, the time (clock ms) its oldest dispatched, unfinished batch began buffering
         self.dispatched_oldest_ms: list[collections.deque[int]] = [collections.deque() for _ in range(lanes)]
         self.paused = False
+        #: records are held for their schemas: keep every partition paused
+        self.held = False
         self._paused_since_s = 0.0
 
     def add(self, lane: int, records: int, size_bytes: int) -> None:
@@ -71,18 +75,21 @@ class Flow:
             self.dispatched_oldest_ms[lane].popleft()
 
     def regulate(self, source: Source) -> Signal:
-        """Pause every assigned partition above the bounds, resume below 80 % of both."""
+        """Pause every assigned partition above the bounds (or while held), resume below 80 % of both."""
         signal = Signal.NONE
-        if not self.paused and (self.records >= self._max_records or self.bytes >= self._max_bytes):
+        over = self.records >= self._max_records or self.bytes >= self._max_bytes
+        if not self.paused and (over or self.held):
             self.paused = True
             self._paused_since_s = time.monotonic()
             signal = Signal.PAUSED
-            log.info("backpressure: pausing", extra={"pipeline": self._pipeline, "in_flight": self.records})
+            if over:
+                log.info("backpressure: pausing", extra={"pipeline": self._pipeline, "in_flight": self.records})
         if not self.paused:
             return signal
         # Re-pause every poll: partitions assigned while paused must not start flowing.
         source.pause(source.assignment())
-        if self.records < self._max_records * RESUME_FRACTION and self.bytes < self._max_bytes * RESUME_FRACTION:
+        if (not self.held and self.records < self._max_records * RESUME_FRACTION
+                and self.bytes < self._max_bytes * RESUME_FRACTION):
             self.paused = False
             self._count_pause()
             source.resume(source.assignment())

@@ -72,6 +72,7 @@ from ingest.runner.batching import LaneBatchers
 from ingest.runner.commits import Committer, OffsetStore
 from ingest.runner.drain import DrainWatch, describe
 from ingest.runner.flow import Flow, Signal
+from ingest.runner.hold import DecodeHold
 from ingest.runner.lanes import LanePool, ThreadedLanes
 from ingest.runner.observe import Observer
 from ingest.runner.stats import PipelineStats
@@ -137,6 +138,7 @@ class Pipeline:
                        else DrainWatch(settings.name, options.until_idle_s, options.drain_timeout_s))
 
         self._mapper = Mapper(settings.sink.columns, settings.key, decoder=decoder)
+        prepare = getattr(decoder, "prepare", None)
         self._router = LaneRouter(settings.lanes, settings.unkeyed)
         # Records of one row go to one lane: by the sink's key when it has one (ingest.core.routing).
         key_index = settings.sink.collapse_rule().key_index
@@ -155,6 +157,9 @@ class Pipeline:
         self._source: Source | None = None
         self._flow = Flow(settings.name, settings.lanes, settings.max_buffered_records, settings.max_buffered_bytes,
                           stats=self.stats, metrics=self.metrics)
+        #: registry formats: chunks wait here for their schemas while the registry cannot answer
+        self._hold = (DecodeHold(settings.name, prepare, settings.retry, self._flow)
+                      if prepare is not None else None)
         self._batching = LaneBatchers(settings.lanes, settings.batch, pool=self._lanes, flow=self._flow,
                                       stats=self.stats, metrics=self.metrics, clock=clock)
         #: hot-key sketch fed with every HOT_KEY_SAMPLE-th record (unbiased shares, bounded cost)
@@ -165,6 +170,7 @@ class Pipeline:
         self._assigned_once = False
         self._closing = False
         self._fatal: BaseException | None = None
+        self._crashed = False
 
     @property
     def last_load_report(self) -> object:
@@ -207,7 +213,15 @@ class Pipeline:
         self._forget(partitions)
         self._batching.drop(set(partitions))
 
+    @property
+    def _all_tracked(self) -> bool:
+        """Every record the source delivered is tracked -- none held for its schema -- so an idle
+        partition's watermark may move up to the source's position (ingest.runner.commits)."""
+        return not self._crashed and (self._hold is None or not self._hold.active)
+
     def _forget(self, partitions: list[Partition]) -> None:
+        if self._hold is not None:
+            self._hold.forget(partitions)
         for tp in partitions:
             self._tracker.revoke(tp)
             self.metrics.drop_lag(tp.topic, tp.partition)
@@ -229,6 +243,9 @@ class Pipeline:
         try:
             while self.step():
                 pass
+        except BaseException:
+            self._crashed = True  # a chunk may be half tracked: commit no position past it
+            raise
         finally:
             self.finish()
         return self.stats
@@ -256,6 +273,11 @@ class Pipeline:
                 self._last_activity_ms = self._clock()
             records = source.poll(self._options.consume_batch_size, self._poll_timeout_s)
             now_ms = self._clock()
+            if self._hold is not None and (records or self._hold.active):
+                held = self._hold.active
+                records = self._hold.admit(records, now_ms)
+                if held or self._hold.active:
+                    self._last_activity_ms = now_ms  # holding is not idling
             if records:
                 self._last_activity_ms = now_ms
                 if self.stats.first_record_s is None:
@@ -264,13 +286,16 @@ class Pipeline:
             self._batching.flush_due(now_ms)
             if now_ms - self._last_commit_ms >= self.settings.commit_interval_ms:
                 self._drain_completions()
-                self._committer.commit(source)
+                self._committer.commit(source, to_position=self._all_tracked)
                 self._last_commit_ms = now_ms
                 self._observe(now_ms)
                 if self._on_progress is not None:
                     self._on_progress(self.stats)
             return not self._finished(now_ms, source)
         except TransientError as exc:
+            self._fatal = FatalPipelineError(f"pipeline {self.settings.name!r}: {exc}")
+            return False
+        except FatalPipelineError as exc:  # e.g. the decoder's schema registry holds nothing at all
             self._fatal = FatalPipelineError(f"pipeline {self.settings.name!r}: {exc}")
             return False
 
@@ -418,7 +443,7 @@ class Pipeline:
         if not self._locally_idle(now_ms, drain.idle_ms):
             drain.busy()
             return False
-        self._committer.commit(source)  # this member's own watermarks first: the group's view includes them
+        self._committer.commit(source, to_position=self._all_tracked)  # this member's own watermarks first
         verdict = drain.check(now_ms, source)
         if not verdict.done:
             return False
@@ -436,7 +461,7 @@ class Pipeline:
     def _locally_idle(self, now_ms: int, idle_ms: int) -> bool:
         """This member has partitions, nothing in flight, is not paused, and nothing arrived for ``idle_ms``."""
         if not self._assigned_once or self._flow.paused:
-            return False  # never assigned yet (closing now could wedge this broker's group), or backpressure
+            return False  # never assigned yet (closing now could wedge this broker's group), backpressure, held
         if not self._tracker.partitions():
             return False  # an empty assignment (a rebalance still settling) is not "drained"
         if self._flow.records > 0:
@@ -455,7 +480,7 @@ class Pipeline:
         else:
             self._lanes.halt()
             self._drain_completions()
-        self._committer.commit(source)
+        self._committer.commit(source, to_position=self._all_tracked)
         self._lanes.close(None if self._abort.is_set() else self.settings.shutdown_timeout_s)
         source.close()
         self._health.running = False

@@ -15,6 +15,8 @@ from ingest.core.mapping.coerce_pg import (
     _date,
     _float_coercer,
     _int_coercer,
+    _json_default,
+    _native_text,
     _numeric,
     _timestamptz,
     _uuid,
@@ -46,12 +48,15 @@ def _ch_string(v: Any) -> str:
         return "true" if v else "false"
     if t is int or t is float:
         return str(v)
-    raise _Bad("wrong_type", f"expected a string, got {_show(v)}")
+    text = _native_text(v)
+    if text is None:
+        raise _Bad("wrong_type", f"expected a string, got {_show(v)}")
+    return text
 
 
 def _ch_json(v: Any) -> str:
     try:
-        return orjson.dumps(v).decode()
+        return orjson.dumps(v, default=_json_default).decode()
     except (TypeError, ValueError) as exc:
         raise _Bad("invalid_value", f"cannot encode as JSON: {exc}") from None
 

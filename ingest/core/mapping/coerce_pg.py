@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import sys
-from datetime import date, datetime, timedelta
+from datetime import date, datetime, time, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 from uuid import UUID
@@ -142,7 +142,30 @@ def _text(v: Any) -> str:
         return "true" if v else "false"
     if t is int or t is float:
         return str(v)
-    raise _Bad("wrong_type", f"expected a string, got {_show(v)}")
+    text = _native_text(v)
+    if text is None:
+        raise _Bad("wrong_type", f"expected a string, got {_show(v)}")
+    if "\x00" in text:
+        raise _Bad("invalid_value", "text contains a NUL character (\\x00), which PostgreSQL rejects")
+    return text
+
+
+def _native_text(v: Any) -> str | None:
+    """Text for a decoded value of a typed format (Avro, Protobuf): UUID, Decimal (no exponent),
+    date / datetime / time (ISO 8601), UTF-8 bytes; None for anything else."""
+    t = type(v)
+    if t is UUID:
+        return str(v)
+    if t is Decimal:
+        return format(v, "f") if v.is_finite() else None
+    if t is datetime or t is date or t is time:
+        return v.isoformat()
+    if t is bytes:
+        try:
+            return v.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Bad("invalid_value", "bytes are not valid UTF-8 text") from None
+    return None
 
 
 def _boolean(v: Any) -> bool:
@@ -230,12 +253,53 @@ def _date(v: Any) -> date:
         return _parse_datetime(v).date()
     if t is date:
         return v
+    if t is datetime:  # a timestamp where a date is wanted: its date in UTC
+        return _to_naive_utc(v).date()
     raise _Bad("wrong_type", f"expected an ISO 8601 date string, got {_show(v)}")
+
+
+def _time(v: Any) -> time:
+    """``time``: a time of day (Avro time-millis/micros) or an ISO 8601 ``HH:MM[:SS[.ffffff]]`` string."""
+    t = type(v)
+    if t is time:
+        return v
+    if t is str and len(v) <= 32:
+        try:
+            return time.fromisoformat(v)
+        except ValueError:
+            pass
+        raise _Bad("invalid_value", f"{_show(v)} is not an ISO 8601 time")
+    raise _Bad("wrong_type", f"expected an ISO 8601 time string, got {_show(v)}")
+
+
+def _interval(v: Any) -> timedelta:
+    """``interval``: a duration (Protobuf Duration) or a number of seconds."""
+    t = type(v)
+    if t is timedelta:
+        return v
+    if t is int or t is float:
+        try:
+            return timedelta(seconds=v)
+        except (OverflowError, ValueError):
+            raise _Bad("out_of_range", f"{_show(v)} seconds is out of range for interval") from None
+    raise _Bad("wrong_type", f"expected a duration or a number of seconds, got {_show(v)}")
+
+
+def _json_default(v: Any) -> Any:
+    """orjson's fallback for decoded typed values: Decimal as its exact text, bytes as base64,
+    a duration in seconds."""
+    if type(v) is Decimal:
+        return format(v, "f") if v.is_finite() else str(v)
+    if type(v) is bytes:
+        return base64.b64encode(v).decode()
+    if type(v) is timedelta:
+        return v.total_seconds()
+    raise TypeError(f"Type is not JSON serializable: {type(v).__name__}")
 
 
 def _json(v: Any) -> str:
     try:
-        out = orjson.dumps(v)
+        out = orjson.dumps(v, default=_json_default)
     except (TypeError, ValueError) as exc:  # nesting deeper than orjson's limit, non-JSON default
         raise _Bad("invalid_value", f"cannot encode as JSON: {exc}") from None
     if b"\\u0000" in out and _JSON_NUL.search(out):
@@ -283,6 +347,8 @@ def _coercer_for(base: str) -> Coercer:
         "timestamptz": _timestamptz,
         "timestamp": _timestamp,
         "date": _date,
+        "time": _time,
+        "interval": _interval,
         "json": _json,
         "jsonb": _json,
         "uuid": _uuid,

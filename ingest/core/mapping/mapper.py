@@ -137,7 +137,7 @@ class Mapper:
     """
 
     __slots__ = ("column_names", "column_types", "_plan", "_needs_json", "_needs_object", "_key_getter", "_fast",
-                 "_decoder")
+                 "_decoder", "_describe")
 
     def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None, *,
                  dialect: str | None = None, decoder: Decoder | None = None) -> None:
@@ -152,6 +152,8 @@ class Mapper:
         parsed = {p: _parse_path(p) for p in all_paths}
         #: bytes -> document (ingest.formats): JSON unless the pipeline's format says otherwise
         self._decoder: Decoder = decoder if decoder is not None else JsonDecoder()
+        #: ``record -> "value schema id 7"``: which schema wrote a record, for map errors (typed formats)
+        self._describe = getattr(self._decoder, "describe", None)
         #: Decode the value only if a $-path is read; check for a top-level object only
         #: if some path starts with a key step.
         self._needs_json = bool(parsed)
@@ -239,11 +241,17 @@ class Mapper:
             key_getter = self._key_getter
             key = record.key if key_getter is None else _render_key(key_getter(record, doc))
         except _Bad as exc:
-            raise InvalidRecord("map", exc.error_class, _context(name, source) + exc.detail) from None
+            raise InvalidRecord("map", exc.error_class, _context(name, source) + exc.detail + self._written_by(record)
+                                ) from None
         except Exception as exc:  # noqa: BLE001 - defensive: never let a record crash the pipeline
             detail = f"internal mapping error {type(exc).__name__}: {exc}"[:300]
             raise InvalidRecord("map", "invalid_value", _context(name, source) + detail) from None
         return tuple(row), key
+
+    def _written_by(self, record: Record) -> str:
+        """`` (written with value schema id 7)`` for a record of a typed format, else nothing."""
+        what = self._describe(record) if self._describe is not None else None
+        return f" (written with {what})" if what else ""
 
 
 def _context(name: str, source: str) -> str:

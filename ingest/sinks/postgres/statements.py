@@ -33,7 +33,8 @@ def stage_name(schema: str, table: str) -> str:
 _COPY_TYPE: dict[str, str] = {
     "smallint": "int2", "integer": "int4", "bigint": "int8", "numeric": "numeric", "real": "float4",
     "double precision": "float8", "text": "text", "boolean": "bool", "timestamptz": "timestamptz",
-    "timestamp": "timestamp", "date": "date", "uuid": "uuid", "bytea": "bytea",
+    "timestamp": "timestamp", "date": "date", "time": "time", "interval": "interval", "uuid": "uuid",
+    "bytea": "bytea",
 }
 
 

@@ -1,0 +1,201 @@
+"""``format: avro``: Avro binary values, decoded with fastavro against the writer's own schema.
+
+Two ways to know the writer schema:
+
+- from a Schema Registry (the default): each value is in the Confluent wire format
+  (:mod:`ingest.formats.wire`) and names its schema id; schemas are fetched once per id and kept
+  parsed (:mod:`ingest.formats.schemas`);
+- ``avro_schema: FILE``: one writer schema for every record, values are plain Avro binary.
+
+Records are decoded with the schema that wrote them and mapped by field name, so schema
+evolution needs no reader schema and no restart: a field added later is read where present, a
+removed field is missing (its column's default or NULL, or ``missing_field`` if the column is
+required -- the message names the record's schema id), a widened type (int → long, float →
+double) is just a number. What fastavro returns, and so what columns receive: records as dicts,
+arrays as lists, maps as dicts, enums as their symbol (text), unions as the branch's value
+(``null`` → missing), ``bytes``/``fixed`` as bytes, and the logical types as Python values:
+``decimal`` → Decimal (its scale kept), ``uuid`` → UUID, ``date`` → date, ``time-millis``/
+``time-micros`` → time, ``timestamp-millis``/``-micros`` → aware UTC datetime,
+``local-timestamp-*`` → naive datetime.
+
+Poison (stage ``decode``): ``bad_magic_byte``, ``unknown_schema``, and ``schema_mismatch`` for
+bytes that do not decode with their schema -- including bytes left over after the record.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fastavro import schemaless_reader
+
+from ingest.errors import InvalidRecord
+from ingest.formats import wire
+from ingest.formats.base import decode_each
+from ingest.formats.schemas import SchemaStore
+from ingest.types import Record
+
+
+def parse_avro(schema: Any, store: SchemaStore | None = None) -> Any:
+    """A registry ``Schema`` (or schema text) parsed for fastavro, its references fetched from
+    ``store``. Raises ValueError when it is not a usable Avro schema."""
+    from fastavro import parse_schema
+
+    text = schema if isinstance(schema, str) else schema.schema_str
+    schema_type = "AVRO" if isinstance(schema, str) else (schema.schema_type or "AVRO")
+    if schema_type != "AVRO":
+        raise ValueError(f"it is a {schema_type} schema, not Avro")
+    named: dict[str, Any] = {}
+    for ref in [] if isinstance(schema, str) else (schema.references or []):
+        if store is None:
+            raise ValueError("it references other schemas, which need a registry")
+        parse_schema_named(store.referenced(ref.subject, ref.version), store, named)
+    try:
+        return parse_schema(json.loads(text), named_schemas=named)
+    except Exception as exc:  # noqa: BLE001 - fastavro raises SchemaParseException, KeyError, ...
+        raise ValueError(f"not a valid Avro schema: {type(exc).__name__}: {exc}"[:300]) from None
+
+
+def parse_schema_named(schema: Any, store: SchemaStore, named: dict[str, Any]) -> None:
+    """Parse a referenced schema into ``named`` (its own references first)."""
+    from fastavro import parse_schema
+
+    for ref in schema.references or []:
+        parse_schema_named(store.referenced(ref.subject, ref.version), store, named)
+    try:
+        parse_schema(json.loads(schema.schema_str), named_schemas=named)
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"a referenced schema is not valid Avro: {exc}"[:300]) from None
+
+
+def read(value: bytes | memoryview, schema: Any, what: str | wire.SchemaRef, start: int = 0) -> Any:
+    """The Avro datum of ``schema`` in ``value[start:]``; InvalidRecord ``schema_mismatch`` when the
+    bytes do not fit it (including bytes left over after it). ``what`` names the schema in errors:
+    text, or the schema's id / GUID."""
+    buf = io.BytesIO(value)
+    if start:
+        buf.seek(start)
+    try:
+        doc = schemaless_reader(buf, schema, None)
+    except Exception as exc:  # noqa: BLE001 - EOFError, ValueError, IndexError, UnicodeDecodeError...
+        raise _mismatch(what, f"{type(exc).__name__}: {exc}") from None
+    left = len(value) - buf.tell()
+    if left:
+        raise _mismatch(what, f"{left} bytes left after the record")
+    return doc
+
+
+def _mismatch(what: str | wire.SchemaRef, why: str) -> InvalidRecord:
+    name = what if isinstance(what, str) else wire.ref_text(what)
+    return InvalidRecord("decode", "schema_mismatch", f"record value does not decode with {name}: {why}"[:300])
+
+
+class AvroDecoder:
+    """Avro values, with their writer schema from the registry or the ``avro_schema`` file."""
+
+    name = "avro"
+    document = "an Avro record"
+
+    def __init__(self, pipeline: Any, schema_registry: Any = None) -> None:
+        self._file_schema: Any = None
+        self._store: SchemaStore | None = None
+        path = getattr(pipeline, "avro_schema", None)
+        if path is not None:
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise ValueError(f"avro_schema {path}: cannot read it: {exc.strerror}") from None
+            try:
+                self._file_schema = parse_avro(text)
+            except ValueError as exc:
+                raise ValueError(f"avro_schema {path}: {exc}") from None
+            self._file_what = f"the avro_schema {Path(path).name}"
+        else:
+            if schema_registry is None:
+                raise ValueError("format avro needs a schema_registry section (or avro_schema: FILE)")
+            self._store = SchemaStore(schema_registry, parse_avro)
+
+    @staticmethod
+    def uses_schema_registry(pipeline: Any) -> bool:
+        return getattr(pipeline, "avro_schema", None) is None
+
+    @property
+    def store(self) -> SchemaStore | None:
+        return self._store
+
+    def prepare(self, records: Sequence[Record]) -> None:
+        """Fetch the schemas of ``records`` not yet known (TransientError while the registry is down)."""
+        if self._store is not None:
+            prepare_refs(self._store, records)
+
+    def decode(self, record: Record) -> Any:
+        value = record.value
+        assert value is not None, "tombstones never reach a decoder"
+        store = self._store
+        if store is None:
+            return read(value, self._file_schema, self._file_what)
+        if not record.headers and value[:1] == b"\x00" and len(value) >= 5:  # the common case, inline
+            ref: wire.SchemaRef = int.from_bytes(value[1:5], "big")
+            return read(value, store.parsed.get(ref) or store.get(ref), ref, 5)
+        ref, payload = wire.split(record)
+        return read(payload, store.get(ref), ref)
+
+    def describe(self, record: Record) -> str | None:
+        """Which schema wrote ``record`` (for map errors), None when it names none."""
+        if self._store is None:
+            return self._file_what
+        return describe_ref(record)
+
+    def decode_batch(self, records: Sequence[Record]) -> list[Any | InvalidRecord]:
+        return decode_each(self, records)
+
+    def value_loader(self) -> Any:
+        """File schema: a plain bytes → record function; registry: None (the schema id can be in a header,
+        which only :meth:`decode` sees)."""
+        if self._store is not None:
+            return None
+        schema = self._file_schema
+
+        def load(value: bytes) -> Any:
+            buf = io.BytesIO(value)
+            doc = schemaless_reader(buf, schema, None)
+            if buf.tell() != len(value):
+                raise ValueError("bytes left over")  # decode() reports it
+            return doc
+
+        return load
+
+
+def prepare_refs(store: SchemaStore, records: Sequence[Record]) -> None:
+    """Resolve, in one pass, the schemas a chunk of records names that the store does not hold yet."""
+    prefixes: set[bytes] = set()
+    refs: set[wire.SchemaRef] = set()
+    for record in records:
+        value = record.value
+        if value is None:
+            continue
+        if not record.headers and len(value) >= 5 and value[0] == 0:
+            prefixes.add(value[1:5])
+        else:
+            try:
+                refs.add(wire.split(record)[0])
+            except InvalidRecord:
+                continue  # the record's own decode reports it
+    refs.update(int.from_bytes(prefix, "big") for prefix in prefixes)
+    parsed = store.parsed
+    missing = [ref for ref in refs if ref not in parsed]
+    if missing:
+        store.resolve(sorted(missing, key=str))
+
+
+def describe_ref(record: Record) -> str | None:
+    """``value schema id 7``: the schema ``record``'s value names, None when it names none."""
+    if record.value is None:
+        return None
+    try:
+        return f"value {wire.ref_text(wire.split(record)[0])}"
+    except InvalidRecord:
+        return None

@@ -1,0 +1,92 @@
+"""The Confluent wire format: where a record's schema id is, and where its payload starts.
+
+Three ways a producer says which schema wrote a record, all decoded here:
+
+- magic byte ``0`` + a 4-byte big-endian schema id, then the payload (the classic format, by far
+  the most common: parsed inline, with no allocation but the payload view);
+- magic byte ``1`` + a 16-byte schema GUID, then the payload;
+- a ``__value_schema_id`` / ``__key_schema_id`` header holding either of the above prefixes, with
+  the whole value as payload.
+
+Those two newer ways are parsed by confluent-kafka's own ``dual_schema_id_deserializer``.
+Protobuf payloads also carry message indexes after the id (:func:`message_indexes`).
+
+Errors are poison (:class:`~ingest.errors.InvalidRecord`, stage ``decode``): ``bad_magic_byte``
+for a payload that starts with neither magic byte (a plain JSON or Avro record on a registry
+topic, say) or is too short to hold its id.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Literal
+
+from ingest.errors import InvalidRecord
+from ingest.types import Record
+
+#: The header a producer may carry a value's (or key's) schema id in, instead of the payload prefix.
+VALUE_SCHEMA_ID_HEADER = "__value_schema_id"
+KEY_SCHEMA_ID_HEADER = "__key_schema_id"
+
+Field = Literal["value", "key"]
+
+
+#: A schema as a record names it: its integer id, or its GUID as text (``magic byte 1``).
+SchemaRef = int | str
+
+
+def ref_text(ref: SchemaRef) -> str:
+    """``schema id 7`` or ``schema guid 0f1e...``, as messages name a schema."""
+    return f"schema id {ref}" if type(ref) is int else f"schema guid {ref}"
+
+
+def bad_magic(field: Field, data: bytes) -> InvalidRecord:
+    shown = data[:1].hex() or "nothing"
+    return InvalidRecord(
+        "decode", "bad_magic_byte",
+        f"record {field} is not in the Schema Registry wire format: it starts with 0x{shown}, not the magic "
+        f"byte 0 (+ 4-byte schema id) or 1 (+ 16-byte GUID), and has no {field} schema id header",
+    )
+
+
+def split(record: Record, field: Field = "value") -> tuple[SchemaRef, memoryview]:
+    """``(the schema that wrote it, the payload)`` of ``record``'s value (or key).
+
+    Raises InvalidRecord ``bad_magic_byte`` when neither the bytes nor a header name a schema.
+    """
+    data = record.value if field == "value" else record.key
+    assert data is not None, "tombstones never reach a decoder"
+    if not record.headers and len(data) >= 5 and data[0] == 0:  # the common case, inline
+        return int.from_bytes(data[1:5], "big"), memoryview(data)[5:]
+    header_name = VALUE_SCHEMA_ID_HEADER if field == "value" else KEY_SCHEMA_ID_HEADER
+    header = next((v for k, v in record.headers if k == header_name and v is not None), None)
+    if header is not None:
+        return _prefix_ref(header, field, header), memoryview(data)
+    ref = _prefix_ref(data, field, data)
+    return ref, memoryview(data)[5 if type(ref) is int else 17:]
+
+
+def _prefix_ref(prefix: bytes, field: Field, shown: bytes) -> SchemaRef:
+    if len(prefix) >= 5 and prefix[0] == 0:
+        return int.from_bytes(prefix[1:5], "big")
+    if len(prefix) >= 17 and prefix[0] == 1:
+        from confluent_kafka.schema_registry.common.serde import SchemaId
+
+        schema_id = SchemaId("AVRO")  # the type only matters for Protobuf's message indexes, read apart
+        schema_id.from_bytes(io.BytesIO(prefix[:17]))
+        return str(schema_id.guid)
+    raise bad_magic(field, shown)
+
+
+def message_indexes(payload: memoryview) -> tuple[list[int], memoryview]:
+    """Protobuf: the message indexes after the schema id (which message of the schema's file wrote
+    the record; ``[0]`` for the first) and the message bytes after them. Zig-zag varints, as
+    confluent-kafka writes them. Raises InvalidRecord ``schema_mismatch`` when they are malformed."""
+    from confluent_kafka.schema_registry.common.serde import SchemaId
+
+    buf = io.BytesIO(payload)
+    try:
+        indexes = SchemaId._read_index_array(buf, zigzag=True)
+    except Exception as exc:  # noqa: BLE001 - EOFError, SerializationError: the bytes are broken
+        raise InvalidRecord("decode", "schema_mismatch", f"protobuf message indexes are malformed: {exc}") from None
+    return indexes, payload[buf.tell():]

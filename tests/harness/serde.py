@@ -1,0 +1,49 @@
+"""Records in the Schema Registry wire format, made by confluent-kafka's own serializers.
+
+The tests produce what real producers produce: each helper registers the schema through the
+real client (against :mod:`harness.schema_registry`'s stand-in) and returns the serialized bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+
+def client(url: str) -> SchemaRegistryClient:
+    return SchemaRegistryClient({"url": url})
+
+
+def avro_values(url: str, topic: str, schema: str, docs: Iterable[Mapping[str, Any]], *,
+                conf: Mapping[str, Any] | None = None, field: str = "value") -> list[bytes]:
+    """``docs`` encoded with ``AvroSerializer(schema)`` for ``topic``'s value (or key) subject."""
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+
+    serializer = AvroSerializer(client(url), schema, conf=dict(conf or {}))
+    ctx = SerializationContext(topic, MessageField.VALUE if field == "value" else MessageField.KEY)
+    return [serializer(dict(doc), ctx) for doc in docs]
+
+
+def json_schema_values(url: str, topic: str, schema: str, docs: Iterable[Mapping[str, Any]], *,
+                       conf: Mapping[str, Any] | None = None) -> list[bytes]:
+    """``docs`` encoded with ``JSONSerializer(schema)`` (validated against it) for ``topic``'s values."""
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+
+    serializer = JSONSerializer(schema, client(url), conf=dict(conf or {}))
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    return [serializer(dict(doc), ctx) for doc in docs]
+
+
+def protobuf_values(url: str, topic: str, messages: Iterable[Any], *,
+                    conf: Mapping[str, Any] | None = None) -> list[bytes]:
+    """Protobuf ``messages`` (all of one class) encoded with ``ProtobufSerializer`` for ``topic``'s values."""
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
+    messages = list(messages)
+    serializer = ProtobufSerializer(type(messages[0]), client(url), conf={"use.deprecated.format": False,
+                                                                          **dict(conf or {})})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    return [serializer(m, ctx) for m in messages]
