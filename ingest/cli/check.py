@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from ingest.cli.app import (
@@ -31,6 +33,7 @@ def check(config: ConfigOpt = None, log_level: LogLevelOpt = "warning") -> None:
     from ingest.sinks import registry
     from ingest.sources.kafka import check_broker
 
+    problems: list[str] = []
     try:
         check_broker(settings.kafka)
         typer.echo(f"ok   kafka {settings.kafka.bootstrap_servers}")
@@ -45,8 +48,28 @@ def check(config: ConfigOpt = None, log_level: LogLevelOpt = "warning") -> None:
             if p.dlq.uses_postgres_table:
                 check_dsn(dlq_dsn(p), f"postgres DLQ of pipeline {p.name!r}")
                 typer.echo(f"ok   pipeline {p.name}: DLQ postgres table {p.dlq.table}")
+            problems += _schemas(settings, p)
     except ServiceUnreachable as exc:
         raise fail(EXIT_UNREACHABLE, f"unreachable: {exc}") from None
     except ConfigError as exc:
         raise fail(EXIT_CONFIG, str(exc)) from None
+    if problems:
+        raise fail(EXIT_CONFIG, "\n".join(f"FAIL {line}" for line in problems))
     typer.echo("config ok")
+
+
+def _schemas(settings: Any, p: Any) -> list[str]:
+    """Print the schema lines of a typed-format pipeline; return its problems."""
+    from ingest.formats.check import check_schemas
+    from ingest.formats.registry import build_decoder
+
+    try:
+        decoder = build_decoder(p, settings.schema_registry)
+    except ValueError as exc:
+        raise ConfigError(f"pipeline {p.name}: {exc}") from None
+    report = check_schemas(p, decoder)
+    for line in report.ok:
+        typer.echo(f"ok   {line}")
+    for line in report.warnings:
+        typer.echo(f"warn {line}")
+    return report.problems

@@ -208,6 +208,23 @@ class PipelineSettings(Frozen):
             return [f"{topic}-{self.record_name}" for topic in self.topics]
         return [f"{topic}-value" for topic in self.topics]
 
+    @field_validator("avro_schema")
+    @classmethod
+    def _avro_schema_file(cls, value: str | None) -> str | None:
+        """A readable file holding a valid Avro schema (a bad one is a config error, not a crash)."""
+        if value is None:
+            return value
+        from pathlib import Path
+
+        from ingest.formats.avro import parse_avro
+
+        try:
+            text = Path(value).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"cannot read {value}: {exc.strerror}") from None
+        parse_avro(text)  # ValueError naming what is wrong
+        return value
+
     @field_validator("sink", mode="before")
     @classmethod
     def _sink(cls, value: Any) -> Any:

@@ -124,7 +124,16 @@ class AvroDecoder:
 
     @property
     def store(self) -> SchemaStore | None:
+        """The registry's schemas (None with ``avro_schema``)."""
         return self._store
+
+    @property
+    def file_schema(self) -> Any:
+        """The parsed ``avro_schema`` (None with a registry)."""
+        return self._file_schema
+
+    #: for ``ingest check``: can a record of a parsed schema hold a value at a path
+    has_path = staticmethod(lambda schema, steps: has_path(schema, steps))
 
     def prepare(self, records: Sequence[Record]) -> None:
         """Fetch the schemas of ``records`` not yet known (TransientError while the registry is down)."""
@@ -143,11 +152,11 @@ class AvroDecoder:
         ref, payload = wire.split(record)
         return read(payload, store.get(ref), ref)
 
-    def describe(self, record: Record) -> str | None:
+    def describe(self, record: Record | None) -> str | None:
         """Which schema wrote ``record`` (for map errors), None when it names none."""
         if self._store is None:
             return self._file_what
-        return describe_ref(record)
+        return describe_ref(record) if record is not None else None
 
     def decode_batch(self, records: Sequence[Record]) -> list[Any | InvalidRecord]:
         return decode_each(self, records)
@@ -199,3 +208,33 @@ def describe_ref(record: Record) -> str | None:
         return f"value {wire.ref_text(wire.split(record)[0])}"
     except InvalidRecord:
         return None
+
+
+def has_path(schema: Any, steps: Sequence[tuple[bool, str | int]]) -> bool:
+    """Whether a record of the parsed Avro ``schema`` can hold a value at the path ``steps`` (the
+    mapper's parsed ``$`` path: ``(True, name)`` a field or map key, ``(False, i)`` an array index).
+    Unions may hold it in any branch; a map holds any key."""
+    named = schema.get("__named_schemas", {}) if isinstance(schema, dict) else {}
+
+    def walk(node: Any, i: int) -> bool:
+        if i == len(steps):
+            return True
+        if isinstance(node, str):
+            node = named.get(node, node)
+        if isinstance(node, list):
+            return any(walk(branch, i) for branch in node)
+        if not isinstance(node, dict):
+            return False
+        is_key, step = steps[i]
+        kind = node.get("type")
+        if isinstance(kind, (dict, list)) or (isinstance(kind, str) and kind in named):
+            return walk(kind, i)
+        if kind == "record" and is_key:
+            return any(f["name"] == step and walk(f["type"], i + 1) for f in node.get("fields", ()))
+        if kind == "map" and is_key:
+            return walk(node.get("values"), i + 1)
+        if kind == "array" and not is_key:
+            return walk(node.get("items"), i + 1)
+        return False
+
+    return walk(schema, 0)

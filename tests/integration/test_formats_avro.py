@@ -386,3 +386,108 @@ def test_plain_avro_with_a_schema_file(tmp_path, kafka_bootstrap, pg_dsn, new_to
     dead = dlq_rows(pg_dsn)
     assert [(d["key"], d["error_class"]) for d in dead] == [(b"bad", "schema_mismatch")]
     assert "order.avsc" in dead[0]["error_message"]
+
+
+CH_COLUMNS = {
+    "id": {"type": "Int64"},
+    "small": {"type": "Int16"},
+    "label": {"type": "String"},
+    "active": {"type": "Bool"},
+    "score": {"type": "Float64"},
+    "amount": {"type": "Decimal(12, 2)"},
+    "fixed_amount": {"type": "Decimal(18, 4)"},
+    "at_ms": {"type": "DateTime64(3)"},
+    "at_us": {"type": "DateTime64(6)"},
+    "day": {"type": "Date"},
+    "clock_us": {"type": "String"},
+    "ref": {"type": "UUID"},
+    "state": {"type": "LowCardinality(String)"},
+    "city": {"type": "String", "source": "$.address.city"},
+    "tags": {"type": "Array(String)"},
+    "note": {"type": "Nullable(String)"},
+    "maybe": {"type": "Nullable(Int64)"},
+}
+
+
+def test_every_avro_type_round_trips_into_clickhouse(tmp_path, kafka_bootstrap, pg_dsn, new_topic, group_id,
+                                                     schema_registry, chdb):
+    topic = new_topic(partitions=1)
+    second = {**TYPES_DOC, "id": 8, "note": None, "maybe": -5, "tags": []}
+    values = avro_values(schema_registry.url, topic, TYPES_SCHEMA, [TYPES_DOC, second])
+    produce(kafka_bootstrap, topic, [(b"7", values[0]), (b"8", values[1]), (b"bad", b"{}")])
+    cfg = {
+        "kafka": {"bootstrap_servers": kafka_bootstrap, "client": dict(TEST_CONSUMER_SETTINGS)},
+        "schema_registry": {"url": schema_registry.url},
+        "pipelines": [{
+            "name": "avro", "topics": [topic], "group_id": group_id, "format": "avro", "commit_interval_ms": 200,
+            "batch": {"max_rows": 100, "max_latency_ms": 100},
+            "sink": {"kind": "clickhouse", "url": chdb.url, "database": "avro", "table": "typed",
+                     "order_by": ["id"], "columns": CH_COLUMNS},
+            "dlq": {"kind": "postgres", "dsn": pg_dsn, "max_ratio": 1.0},
+        }],
+    }
+    path = _migrate(tmp_path, cfg)
+    _run(path, tmp_path)
+    assert [(d["key"], d["error_class"]) for d in dlq_rows(pg_dsn)] == [(b"bad", "bad_magic_byte")]
+    client = chdb.client()
+    try:
+        result = client.query("SELECT * FROM avro.typed FINAL ORDER BY id")
+        rows = [dict(zip(result.column_names, r)) for r in result.result_rows]
+    finally:
+        chdb.close()
+    assert [r["id"] for r in rows] == [7, 8]
+    row = rows[0]
+    assert row["small"] == -12 and row["label"] == TYPES_DOC["label"] and row["active"] is True
+    assert row["score"] == 1e-300
+    assert row["amount"] == Decimal("12345.67") and row["fixed_amount"] == Decimal("-98765.4321")
+    assert row["at_ms"].replace(tzinfo=UTC) == TYPES_DOC["at_ms"]
+    assert row["at_us"].replace(tzinfo=UTC) == TYPES_DOC["at_us"]
+    assert row["day"] == dt.date(2026, 2, 28) and row["clock_us"] == "23:59:59.999999"
+    assert row["ref"] == TYPES_DOC["ref"] and row["state"] == "PAID" and row["city"] == "Milano"
+    assert row["tags"] == ["a", "b", "c"] and row["note"] == "hello" and row["maybe"] is None
+    assert rows[1]["note"] is None and rows[1]["maybe"] == -5 and rows[1]["tags"] == []
+
+
+def test_check_reports_subjects_and_the_columns_their_schemas_lack(tmp_path, kafka_bootstrap, pg_dsn, new_topic,
+                                                                   schema_registry):
+    topic, missing = new_topic(partitions=1), new_topic(partitions=1)
+    url = schema_registry.url
+    schema_id = schema_registry.register(f"{topic}-value", json.dumps(EVOLVING[0]))
+    v2 = schema_registry.register(f"{topic}-value", json.dumps(EVOLVING[2]))  # latest: legacy dropped
+    columns = {"order_id": {"type": "bigint", "required": True}, "status": {"type": "text"},
+               "channel": {"type": "text"}, "nowhere": {"type": "text", "source": "$.no.such"}}
+
+    def check(cfg: dict[str, Any]) -> Any:
+        return run_ingest(["check", "-c", write_config(tmp_path, cfg)], timeout_s=60, log_dir=tmp_path)
+
+    base = dict(bootstrap=kafka_bootstrap, topic=topic, group="g", dsn=pg_dsn, registry=url, table="orders",
+                conflict_key=("order_id",))
+    res = check(_config(**base, columns=columns))
+    assert res.returncode == 0, res.stderr
+    assert f"ok   pipeline avro: subject {topic}-value version 2 (schema id {v2})" in res.stdout
+    assert "warn pipeline avro: column nowhere (source $.no.such) is not a field of" in res.stdout
+    assert "column channel" not in res.stdout and schema_id != v2
+
+    res = check(_config(**base, columns={**columns, "legacy": {"type": "text", "required": True}}))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "FAIL pipeline avro: column legacy (source $.legacy) is not a field of subject" in res.stderr
+    assert "every record would be dead-lettered" in res.stderr
+
+    res = check(_config(**{**base, "topic": missing}, columns=columns))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"subject {missing}-value is not in the schema registry at {url}" in res.stderr
+
+    schema_registry.stop()
+    res = check(_config(**base, columns=columns))
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "schema registry at" in res.stderr and "Connection refused" in res.stderr
+
+
+def test_a_bad_avro_schema_file_is_a_config_error_naming_the_field(tmp_path, kafka_bootstrap, pg_dsn):
+    (tmp_path / "bad.avsc").write_text('{"type": "record", "name": "X", "fields": [{"name": "a", "type": "nope"}]}')
+    for schema_file in (tmp_path / "bad.avsc", tmp_path / "absent.avsc"):
+        cfg = _config(bootstrap=kafka_bootstrap, topic="t", group="g", dsn=pg_dsn, registry=None,
+                      columns={"id": {"type": "bigint", "required": True}}, avro_schema=str(schema_file))
+        res = run_ingest(["check", "-c", write_config(tmp_path, cfg)], timeout_s=60, log_dir=tmp_path)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert "avro_schema" in res.stderr, res.stderr
