@@ -107,6 +107,7 @@ def build_pipeline(settings: Settings, p: PipelineSettings, *, stop: threading.E
     pipeline = Pipeline(
         p, source_factory=source_factory, writer=writer, stop=stop, abort=abort, options=options,
         decoder=build_decoder(p, settings.schema_registry),
+        key_decoder=build_decoder(p, settings.schema_registry, "key"),
         metrics=metrics.pipeline(p.name) if metrics is not None else None,
         offset_store=offset_store, scheduler=(schedulers or {}).get(sink_identity(p)),
     )

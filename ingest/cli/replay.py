@@ -118,6 +118,7 @@ def _replayer(p: PipelineSettings, reader: Any, sink: Any, publisher: Any, max_r
     from ingest.formats.registry import build_decoder
 
     return Replayer(p, reader, sink=sink, capabilities=capabilities, decoder=build_decoder(p, schema_registry),
+                    key_decoder=build_decoder(p, schema_registry, "key"),
                     marks_in_sink_tx=reader.shares_database(own.get_secret_value() if own else None),
                     publish=publisher, max_replays=max_replays, purge=purge, rate_per_s=rate,
                     apply_unordered=apply_unordered)

@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from ingest.core.collapse import CollapseRule
 
-SOURCE_RE = re.compile(r"^(\$(\.[^.\[\]]+|\[\d+\])*|@(key|topic|partition|offset|stream|timestamp|header\.[^\s]+))$")
+SOURCE_RE = re.compile(
+    r"^((@key\.)?\$(\.[^.\[\]]+|\[\d+\])*|@(key|topic|partition|offset|stream|timestamp|header\.[^\s]+))$")
 SECRET_CLIENT_KEYS = ("password", "secret", "sasl.oauthbearer.config", "ssl.key.pem")
 
 
@@ -66,7 +67,7 @@ class ColumnSpec(Frozen):
         if value is not None and not SOURCE_RE.match(value):
             raise ValueError(
                 f"invalid source {value!r}: use a JSON path like '$.a.b' or one of "
-                "@key @topic @partition @offset @timestamp @header.NAME"
+                "@key @key.$.PATH (with key_format) @topic @partition @offset @timestamp @header.NAME"
             )
         return value
 

@@ -64,8 +64,8 @@ class Settings(BaseSettings):
         if self.schema_registry is None:
             for p in self.pipelines:
                 if registry.uses_schema_registry(p):
-                    raise ValueError(f"pipeline {p.name!r}: format {p.format} needs a schema_registry section"
-                                     + (" (or avro_schema: FILE)" if p.format == "avro" else ""))
+                    raise ValueError(f"pipeline {p.name!r}: format {p.format} (key_format {p.key_format}) needs a "
+                                     "schema_registry section" + (" (or avro_schema: FILE)" if p.format == "avro" else ""))
         return self
 
     def pipeline(self, name: str) -> PipelineSettings:

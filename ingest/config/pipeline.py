@@ -147,6 +147,9 @@ class PipelineSettings(Frozen):
     #: ``json``, ``avro``, ``json_schema``, ``protobuf`` (the last three in the Confluent wire format,
     #: schemas from the top-level ``schema_registry``).
     format: str = "json"
+    #: How record keys are encoded, for ``@key.$.PATH`` sources: ``raw`` (the default: ``@key`` is
+    #: the key's bytes, no paths into it) or a format of the format registry (``json``, ``avro``, ...).
+    key_format: str = "raw"
     #: ``format: avro`` without a registry: the writer schema of every record (an ``.avsc`` file);
     #: values are then plain Avro binary, with no wire-format header.
     avro_schema: str | None = None
@@ -182,6 +185,23 @@ class PipelineSettings(Frozen):
     @property
     def effective_group_id(self) -> str:
         return self.group_id or f"ingest-{self.name}"
+
+    @field_validator("key_format")
+    @classmethod
+    def _key_format(cls, value: str) -> str:
+        from ingest.formats import registry
+
+        if value != "raw" and value not in registry.names():
+            raise ValueError(f"key_format must be 'raw' or one of {', '.join(repr(n) for n in registry.names())}")
+        return value
+
+    @model_validator(mode="after")
+    def _key_paths(self) -> PipelineSettings:
+        """``@key.$.PATH`` sources need a key format to decode the key with."""
+        sources = [spec.source or "" for spec in self.sink.columns.values()] + [self.key or ""]
+        if self.key_format == "raw" and any(s.startswith("@key.$") for s in sources):
+            raise ValueError("@key.$ sources read into a decoded key: set key_format (json, avro, ...)")
+        return self
 
     @field_validator("format")
     @classmethod

@@ -99,10 +99,11 @@ class AvroDecoder:
     name = "avro"
     document = "an Avro record"
 
-    def __init__(self, pipeline: Any, schema_registry: Any = None) -> None:
+    def __init__(self, pipeline: Any, schema_registry: Any = None, field: wire.Field = "value") -> None:
+        self._field: wire.Field = field
         self._file_schema: Any = None
         self._store: SchemaStore | None = None
-        path = getattr(pipeline, "avro_schema", None)
+        path = getattr(pipeline, "avro_schema", None) if field == "value" else None
         if path is not None:
             try:
                 text = Path(path).read_text(encoding="utf-8")
@@ -119,8 +120,9 @@ class AvroDecoder:
             self._store = SchemaStore(schema_registry, parse_avro)
 
     @staticmethod
-    def uses_schema_registry(pipeline: Any) -> bool:
-        return getattr(pipeline, "avro_schema", None) is None
+    def uses_schema_registry(pipeline: Any, field: str = "value") -> bool:
+        """Keys always come from the registry; values unless ``avro_schema`` names their schema."""
+        return field == "key" or getattr(pipeline, "avro_schema", None) is None
 
     @property
     def store(self) -> SchemaStore | None:
@@ -138,12 +140,16 @@ class AvroDecoder:
     def prepare(self, records: Sequence[Record]) -> None:
         """Fetch the schemas of ``records`` not yet known (TransientError while the registry is down)."""
         if self._store is not None:
-            prepare_refs(self._store, records)
+            prepare_refs(self._store, records, self._field)
 
     def decode(self, record: Record) -> Any:
+        store = self._store
+        if self._field == "key":
+            assert store is not None
+            ref, payload = wire.split(record, "key")
+            return read(payload, store.get(ref), ref)
         value = record.value
         assert value is not None, "tombstones never reach a decoder"
-        store = self._store
         if store is None:
             return read(value, self._file_schema, self._file_what)
         if not record.headers and value[:1] == b"\x00" and len(value) >= 5:  # the common case, inline
@@ -156,7 +162,7 @@ class AvroDecoder:
         """Which schema wrote ``record`` (for map errors), None when it names none."""
         if self._store is None:
             return self._file_what
-        return describe_ref(record) if record is not None else None
+        return describe_ref(record, self._field) if record is not None else None
 
     def decode_batch(self, records: Sequence[Record]) -> list[Any | InvalidRecord]:
         return decode_each(self, records)
@@ -178,19 +184,21 @@ class AvroDecoder:
         return load
 
 
-def prepare_refs(store: SchemaStore, records: Sequence[Record]) -> None:
-    """Resolve, in one pass, the schemas a chunk of records names that the store does not hold yet."""
+def prepare_refs(store: SchemaStore, records: Sequence[Record], field: wire.Field = "value") -> None:
+    """Resolve, in one pass, the schemas a chunk of records names (in their values, or keys) that the
+    store does not hold yet."""
     prefixes: set[bytes] = set()
     refs: set[wire.SchemaRef] = set()
+    key = field == "key"
     for record in records:
-        value = record.value
+        value = record.key if key else record.value
         if value is None:
             continue
         if not record.headers and len(value) >= 5 and value[0] == 0:
             prefixes.add(value[1:5])
         else:
             try:
-                refs.add(wire.split(record)[0])
+                refs.add(wire.split(record, field)[0])
             except InvalidRecord:
                 continue  # the record's own decode reports it
     refs.update(int.from_bytes(prefix, "big") for prefix in prefixes)
@@ -200,12 +208,12 @@ def prepare_refs(store: SchemaStore, records: Sequence[Record]) -> None:
         store.resolve(sorted(missing, key=str))
 
 
-def describe_ref(record: Record) -> str | None:
-    """``value schema id 7``: the schema ``record``'s value names, None when it names none."""
-    if record.value is None:
+def describe_ref(record: Record, field: wire.Field = "value") -> str | None:
+    """``value schema id 7``: the schema ``record``'s value (or key) names, None when it names none."""
+    if (record.value if field == "value" else record.key) is None:
         return None
     try:
-        return f"value {wire.ref_text(wire.split(record)[0])}"
+        return f"{field} {wire.ref_text(wire.split(record, field)[0])}"
     except InvalidRecord:
         return None
 

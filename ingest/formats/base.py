@@ -38,6 +38,11 @@ class Decoder(Protocol):
         """:meth:`decode` for each record: its document, or the InvalidRecord it would raise."""
         ...
 
+    # Optional, for formats whose schemas live in a registry:
+    #   prepare(records): fetch the schemas ``records`` name, so decoding them makes no request;
+    #       TransientError while the registry cannot answer (the pipeline holds the chunk);
+    #   describe(record) -> str | None: which schema wrote ``record`` ("value schema id 7"), for errors.
+
     def value_loader(self) -> Callable[[bytes], Any] | None:
         """A plain ``bytes -> document`` function for the compiled fast path, when the format needs no
         context; any exception it raises sends the record to :meth:`decode`, which decides. None: the
@@ -54,3 +59,19 @@ def decode_each(decoder: Decoder, records: Sequence[Record]) -> list[Any | Inval
         except InvalidRecord as exc:
             out.append(exc)
     return out
+
+
+def prepare_all(*decoders: Decoder | None) -> Callable[[Sequence[Record]], None] | None:
+    """One ``prepare(records)`` for the decoders that have one (a registry format's value and key
+    decoders fetch the schemas a chunk names); None when none has."""
+    prepares = [p for p in (getattr(d, "prepare", None) for d in decoders if d is not None) if p is not None]
+    if not prepares:
+        return None
+    if len(prepares) == 1:
+        return prepares[0]  # type: ignore[no-any-return]
+
+    def prepare(records: Sequence[Record]) -> None:
+        for each in prepares:
+            each(records)
+
+    return prepare

@@ -35,18 +35,35 @@ def decoder_class(name: str) -> type:
     return entry  # type: ignore[no-any-return]
 
 
+def _format_of(pipeline: Any, field: str) -> str | None:
+    """The format of ``pipeline``'s values or keys; None for raw keys."""
+    if field == "value":
+        return pipeline.format  # type: ignore[no-any-return]
+    key_format = getattr(pipeline, "key_format", "raw")
+    return None if key_format == "raw" else key_format  # type: ignore[no-any-return]
+
+
 def uses_schema_registry(pipeline: Any) -> bool:
-    """Whether ``pipeline``'s format looks schemas up in the ``schema_registry`` section (a decoder
-    class says so with a ``uses_schema_registry(pipeline)`` static method)."""
-    check = getattr(decoder_class(pipeline.format), "uses_schema_registry", None)
-    return bool(check is not None and check(pipeline))
+    """Whether ``pipeline``'s value or key format looks schemas up in the ``schema_registry`` section
+    (a decoder class says so with a ``uses_schema_registry(pipeline, field)`` static method)."""
+    for field in ("value", "key"):
+        name = _format_of(pipeline, field)
+        check = getattr(decoder_class(name), "uses_schema_registry", None) if name else None
+        if check is not None and check(pipeline, field):
+            return True
+    return False
 
 
-def build_decoder(pipeline: Any, schema_registry: Any = None) -> Decoder:
-    """The decoder of ``pipeline.format``, built with the pipeline's settings -- and the
-    ``schema_registry`` settings when its class uses a registry. Raises ValueError for settings the
-    format cannot work with (an unreadable ``avro_schema``)."""
-    cls = decoder_class(pipeline.format)
+def build_decoder(pipeline: Any, schema_registry: Any = None, field: str = "value") -> Decoder | None:
+    """The decoder of ``pipeline.format`` (``field="key"``: of ``key_format``, None for raw keys),
+    built with the pipeline's settings -- and the ``schema_registry`` settings when its class uses a
+    registry. Raises ValueError for settings the format cannot work with."""
+    name = _format_of(pipeline, field)
+    if name is None:
+        return None
+    cls = decoder_class(name)
     if hasattr(cls, "uses_schema_registry"):
-        return cls(pipeline, schema_registry)  # type: ignore[no-any-return]
+        return cls(pipeline, schema_registry, field)  # type: ignore[no-any-return]
+    if field == "key":
+        return cls(pipeline, field)  # type: ignore[no-any-return]
     return cls(pipeline)  # type: ignore[no-any-return]

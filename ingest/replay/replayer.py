@@ -39,7 +39,7 @@ from ingest.core.isolation import write_groups_isolating
 from ingest.core.mapping import Mapper
 from ingest.dlq.base import DlqFilter, DlqReader, DlqRow
 from ingest.errors import InvalidRecord
-from ingest.formats.base import Decoder
+from ingest.formats.base import Decoder, prepare_all
 from ingest.replay.order import Verdict, judge
 from ingest.retry import retrying
 from ingest.sinks.base import Capabilities, Sink
@@ -106,7 +106,8 @@ class Replayer:
                  capabilities: Capabilities = Capabilities(), marks_in_sink_tx: bool = False,
                  publish: Callable[[Sequence[DlqRow]], None] | None = None, max_replays: int,
                  purge: bool = False, rate_per_s: float | None = None, apply_unordered: bool = False,
-                 on_progress: Callable[[int], None] | None = None, decoder: Decoder | None = None) -> None:
+                 on_progress: Callable[[int], None] | None = None, decoder: Decoder | None = None,
+                 key_decoder: Decoder | None = None) -> None:
         self._p = pipeline
         self._reader = reader
         self._sink = sink
@@ -117,9 +118,9 @@ class Replayer:
         self._rate = RateLimiter(rate_per_s)
         self._apply_unordered = apply_unordered
         self.on_progress = on_progress
-        self._mapper = Mapper(pipeline.sink.columns, pipeline.key, decoder=decoder)
+        self._mapper = Mapper(pipeline.sink.columns, pipeline.key, decoder=decoder, key_decoder=key_decoder)
         #: fetches the schemas a chunk names (registry formats) before it is mapped
-        self._prepare = getattr(decoder, "prepare", None)
+        self._prepare = prepare_all(decoder, key_decoder)
         self._rule = pipeline.sink.collapse_rule()
         # The order guard needs row sources, and applies only where offsets order the rows (no version).
         self._guarded = (sink is not None and capabilities.row_sources and pipeline.sink.tracks_sources
@@ -173,7 +174,7 @@ class Replayer:
         if self._prepare is not None:  # a registry outage is retried, never a reason to give up on an entry
             for attempt in retrying(self._p.retry, what="schema registry lookups"):
                 with attempt:
-                    self._prepare([row.record for row in rows if row.record.value is not None])
+                    self._prepare([row.record for row in rows])
         for row in sorted(rows, key=lambda r: r.record.source_position):
             try:
                 mapped, _ = self._mapper.map(row.record)

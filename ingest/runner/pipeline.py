@@ -65,7 +65,7 @@ from ingest.core.mapping import Mapper
 from ingest.core.offsets import OffsetTracker
 from ingest.core.routing import LaneRouter, key_bytes
 from ingest.errors import FatalPipelineError, InvalidRecord, TransientError
-from ingest.formats.base import Decoder
+from ingest.formats.base import Decoder, prepare_all
 from ingest.metrics import Metrics, PipelineMetrics
 from ingest.retry import retrying
 from ingest.runner.batching import LaneBatchers
@@ -117,6 +117,7 @@ class Pipeline:
         options: RunOptions = RunOptions(),
         lanes: LanePool | None = None,
         decoder: Decoder | None = None,
+        key_decoder: Decoder | None = None,
         metrics: PipelineMetrics | None = None,
         offset_store: OffsetStore | None = None,
         scheduler: WriteScheduler | None = None,
@@ -137,8 +138,8 @@ class Pipeline:
         self._drain = (None if options.until_idle_s is None
                        else DrainWatch(settings.name, options.until_idle_s, options.drain_timeout_s))
 
-        self._mapper = Mapper(settings.sink.columns, settings.key, decoder=decoder)
-        prepare = getattr(decoder, "prepare", None)
+        self._mapper = Mapper(settings.sink.columns, settings.key, decoder=decoder, key_decoder=key_decoder)
+        prepare = prepare_all(decoder, key_decoder)
         self._router = LaneRouter(settings.lanes, settings.unkeyed)
         # Records of one row go to one lane: by the sink's key when it has one (ingest.core.routing).
         key_index = settings.sink.collapse_rule().key_index

@@ -491,3 +491,43 @@ def test_a_bad_avro_schema_file_is_a_config_error_naming_the_field(tmp_path, kaf
         res = run_ingest(["check", "-c", write_config(tmp_path, cfg)], timeout_s=60, log_dir=tmp_path)
         assert res.returncode == 2, res.stdout + res.stderr
         assert "avro_schema" in res.stderr, res.stderr
+
+
+KEY_SCHEMA = json.dumps({"type": "record", "name": "OrderKey", "namespace": "shop",
+                         "fields": [{"name": "tenant", "type": "string"}, {"name": "id", "type": "long"}]})
+
+
+@pytest.mark.parametrize("key_format", ["avro", "json"])
+def test_columns_and_the_ordering_key_read_into_a_decoded_key(key_format, tmp_path, kafka_bootstrap, pg_dsn,
+                                                              new_topic, group_id, schema_registry):
+    """``@key.$.PATH`` with ``key_format``: the conflict key comes from the record key; records of one key
+    written in order across lanes; a key that does not decode is poison (stage decode)."""
+    topic = new_topic(partitions=2)
+    url = schema_registry.url
+    keys = [{"tenant": f"t{i % 3}", "id": i % 10} for i in range(60)]
+    docs = [{"order_id": 0, "status": f"s{i}", "legacy": ""} for i in range(60)]
+    if key_format == "avro":
+        encoded_keys = avro_values(url, topic, KEY_SCHEMA, keys, field="key")
+    else:
+        encoded_keys = [json.dumps(k).encode() for k in keys]
+    values = avro_values(url, topic, json.dumps(EVOLVING[0]), docs)
+    records = [(k, v, i % 2) for i, (k, v) in enumerate(zip(encoded_keys, values))]
+    records.append((b"\xff not a key", values[0], 0))
+    produce(kafka_bootstrap, topic, records)
+    columns = {"tenant": {"type": "text", "source": "@key.$.tenant", "required": True},
+               "id": {"type": "bigint", "source": "@key.$.id", "required": True},
+               "status": {"type": "text"}}
+    path = _migrate(tmp_path, _config(bootstrap=kafka_bootstrap, topic=topic, group=group_id, dsn=pg_dsn,
+                                      registry=url, columns=columns, table="orders", conflict_key=("tenant", "id"),
+                                      key_format=key_format, key="@key.$.id", lanes=3, dlq={"max_ratio": 1.0}))
+    _run(path, tmp_path)
+    rows = {(r["tenant"], r["id"]): r["status"] for r in _rows(pg_dsn, "SELECT * FROM orders")}
+    expected: dict[tuple[str, int], str] = {}
+    for partition in (0, 1):  # the last record of each key in its partition (a key lives in one partition here)
+        for i in range(partition, 60, 2):
+            expected[(keys[i]["tenant"], keys[i]["id"])] = f"s{i}"
+    assert rows == expected
+    dead = dlq_rows(pg_dsn)
+    assert [(d["stage"], d["error_class"]) for d in dead] == [
+        ("decode", "bad_magic_byte" if key_format == "avro" else "invalid_utf8")]
+    assert "record key" in dead[0]["error_message"]

@@ -91,11 +91,14 @@ def _column_type(spec: ColumnSpec, dialect: str | None) -> tuple[str, str, Coerc
 
 
 def _compile_column(name: str, spec: ColumnSpec, dialect: str | None, source: str,
-                    parsed: Mapping[str, Any], needs_object: bool) -> tuple[tuple[Any, ...], FastColumn, str]:
+                    parsed: Mapping[str, Any], needs_object: bool,
+                    key_decoder: Decoder | None) -> tuple[tuple[Any, ...], FastColumn, str]:
     """One column's generic plan entry, fast-path column and normalised type; ValueError on a bad spec."""
     base, full, coerce, inline, required, default = _column_type(spec, dialect)
     doc_key: str | None = None
-    if source.startswith("$"):
+    if source.startswith("@key.$"):
+        getter = _key_path_getter(source, key_decoder)
+    elif source.startswith("$"):
         steps = parsed[source]
         getter = _path_getter(steps, needs_object)
         if len(steps) == 1 and steps[0][0]:
@@ -109,6 +112,20 @@ def _compile_column(name: str, spec: ColumnSpec, dialect: str | None, source: st
             raise ValueError(f"default is not a valid {full}: {exc.detail}") from None
     entry = (name, source, getter, coerce, default, required)
     return entry, FastColumn(getter, doc_key, coerce, default, required, inline), full
+
+def _key_path_getter(source: str, key_decoder: Decoder | None) -> Getter:
+    """``@key.$.PATH``: the value at PATH in the record's key, decoded by the key format (a key that
+    does not decode raises its InvalidRecord, stage ``decode``; a null key is missing)."""
+    if key_decoder is None:
+        raise ValueError(f"source {source} reads into the record key: set key_format (json, avro, ...)")
+    path = _path_getter(_parse_path(source[len("@key."):]), False)
+    decode = key_decoder.decode
+
+    def get(record: Record, doc: Any) -> Any:
+        return None if record.key is None else path(record, decode(record))
+
+    return get
+
 
 class Mapper:
     """Turns a :class:`~ingest.types.Record` into a row tuple plus its ordering key.
@@ -140,7 +157,8 @@ class Mapper:
                  "_decoder", "_describe")
 
     def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None, *,
-                 dialect: str | None = None, decoder: Decoder | None = None) -> None:
+                 dialect: str | None = None, decoder: Decoder | None = None,
+                 key_decoder: Decoder | None = None) -> None:
         if dialect not in (None, "postgres", "clickhouse"):
             raise ValueError(f"unknown dialect {dialect!r}")
         if not columns:
@@ -164,7 +182,8 @@ class Mapper:
         fast_columns = []
         for name, spec in columns.items():
             try:
-                entry, fast, full = _compile_column(name, spec, dialect, sources[name], parsed, self._needs_object)
+                entry, fast, full = _compile_column(name, spec, dialect, sources[name], parsed, self._needs_object,
+                                                    key_decoder)
             except ValueError as exc:
                 raise ValueError(f"column {name!r}: {exc}") from None
             plan.append(entry)
@@ -179,6 +198,8 @@ class Mapper:
 
         if key_path is None:
             self._key_getter: Getter | None = None
+        elif key_path.startswith("@key.$"):
+            self._key_getter = _key_path_getter(key_path, key_decoder)
         elif key_path.startswith("$"):
             self._key_getter = _path_getter(parsed[key_path], self._needs_object)
         else:
@@ -243,6 +264,8 @@ class Mapper:
         except _Bad as exc:
             raise InvalidRecord("map", exc.error_class, _context(name, source) + exc.detail + self._written_by(record)
                                 ) from None
+        except InvalidRecord:  # a key that does not decode (@key.$ sources)
+            raise
         except Exception as exc:  # noqa: BLE001 - defensive: never let a record crash the pipeline
             detail = f"internal mapping error {type(exc).__name__}: {exc}"[:300]
             raise InvalidRecord("map", "invalid_value", _context(name, source) + detail) from None
