@@ -140,7 +140,7 @@ class AvroDecoder:
     def prepare(self, records: Sequence[Record]) -> None:
         """Fetch the schemas of ``records`` not yet known (TransientError while the registry is down)."""
         if self._store is not None:
-            prepare_refs(self._store, records, self._field)
+            self._store.prepare(records, self._field)
 
     def decode(self, record: Record) -> Any:
         store = self._store
@@ -162,7 +162,7 @@ class AvroDecoder:
         """Which schema wrote ``record`` (for map errors), None when it names none."""
         if self._store is None:
             return self._file_what
-        return describe_ref(record, self._field) if record is not None else None
+        return wire.describe(record, self._field) if record is not None else None
 
     def decode_batch(self, records: Sequence[Record]) -> list[Any | InvalidRecord]:
         return decode_each(self, records)
@@ -182,40 +182,6 @@ class AvroDecoder:
             return doc
 
         return load
-
-
-def prepare_refs(store: SchemaStore, records: Sequence[Record], field: wire.Field = "value") -> None:
-    """Resolve, in one pass, the schemas a chunk of records names (in their values, or keys) that the
-    store does not hold yet."""
-    prefixes: set[bytes] = set()
-    refs: set[wire.SchemaRef] = set()
-    key = field == "key"
-    for record in records:
-        value = record.key if key else record.value
-        if value is None:
-            continue
-        if not record.headers and len(value) >= 5 and value[0] == 0:
-            prefixes.add(value[1:5])
-        else:
-            try:
-                refs.add(wire.split(record, field)[0])
-            except InvalidRecord:
-                continue  # the record's own decode reports it
-    refs.update(int.from_bytes(prefix, "big") for prefix in prefixes)
-    parsed = store.parsed
-    missing = [ref for ref in refs if ref not in parsed]
-    if missing:
-        store.resolve(sorted(missing, key=str))
-
-
-def describe_ref(record: Record, field: wire.Field = "value") -> str | None:
-    """``value schema id 7``: the schema ``record``'s value (or key) names, None when it names none."""
-    if (record.value if field == "value" else record.key) is None:
-        return None
-    try:
-        return f"{field} {wire.ref_text(wire.split(record, field)[0])}"
-    except InvalidRecord:
-        return None
 
 
 def has_path(schema: Any, steps: Sequence[tuple[bool, str | int]]) -> bool:

@@ -14,6 +14,7 @@ from ingest.formats.base import Decoder
 _formats: dict[str, Any] = {
     "json": "ingest.formats.json:JsonDecoder",
     "avro": "ingest.formats.avro:AvroDecoder",
+    "json_schema": "ingest.formats.json_schema:JsonSchemaDecoder",
 }
 
 

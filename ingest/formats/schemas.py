@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ingest.config.formats import SchemaRegistrySettings
 from ingest.errors import FatalPipelineError, InvalidRecord, TransientError
+from ingest.formats import wire
 from ingest.formats.wire import SchemaRef, ref_text
+from ingest.types import Record
 
 #: Seconds an id the registry did not know stays known-unknown before it is asked for again.
 UNKNOWN_TTL_S = 30.0
@@ -80,6 +82,28 @@ class SchemaStore:
                     self._fetch(ref)
                 except InvalidRecord:
                     pass
+
+    def prepare(self, records: Sequence[Record], field: wire.Field = "value") -> None:
+        """Resolve, in one pass, the schemas a chunk of records names (in their values, or keys) that
+        this store does not hold yet: so decoding them makes no request. TransientError as :meth:`get`."""
+        prefixes: set[bytes] = set()
+        refs: set[SchemaRef] = set()
+        key = field == "key"
+        for record in records:
+            data = record.key if key else record.value
+            if data is None:
+                continue
+            if not record.headers and len(data) >= 5 and data[0] == 0:
+                prefixes.add(data[1:5])
+            else:
+                try:
+                    refs.add(wire.split(record, field)[0])
+                except InvalidRecord:
+                    continue  # the record's own decode reports it
+        refs.update(int.from_bytes(prefix, "big") for prefix in prefixes)
+        missing = [ref for ref in refs if ref not in self.parsed]
+        if missing:
+            self.resolve(sorted(missing, key=str))
 
     def referenced(self, subject: str, version: int) -> Any:
         """A schema another references (by subject and version), for ``parse``; TransientError when the

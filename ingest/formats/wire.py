@@ -90,3 +90,13 @@ def message_indexes(payload: memoryview) -> tuple[list[int], memoryview]:
     except Exception as exc:  # noqa: BLE001 - EOFError, SerializationError: the bytes are broken
         raise InvalidRecord("decode", "schema_mismatch", f"protobuf message indexes are malformed: {exc}") from None
     return indexes, payload[buf.tell():]
+
+
+def describe(record: Record, field: Field = "value") -> str | None:
+    """``value schema id 7``: the schema ``record``'s value (or key) names, None when it names none."""
+    if (record.value if field == "value" else record.key) is None:
+        return None
+    try:
+        return f"{field} {ref_text(split(record, field)[0])}"
+    except InvalidRecord:
+        return None
