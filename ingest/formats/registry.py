@@ -15,6 +15,7 @@ _formats: dict[str, Any] = {
     "json": "ingest.formats.json:JsonDecoder",
     "avro": "ingest.formats.avro:AvroDecoder",
     "json_schema": "ingest.formats.json_schema:JsonSchemaDecoder",
+    "protobuf": "ingest.formats.protobuf:ProtobufDecoder",
 }
 
 

@@ -34,6 +34,13 @@ from ingest.types import Record
 
 #: Seconds an id the registry did not know stays known-unknown before it is asked for again.
 UNKNOWN_TTL_S = 30.0
+#: At most this many poison ids are remembered (a topic of garbage could name any number).
+MAX_POISON = 10_000
+
+
+class MissingReference(ValueError):
+    """A schema references another (by subject and version) that the registry does not have: the
+    schema cannot be used now, and may be once the reference is registered."""
 
 Parse = Callable[[Any, "SchemaStore"], Any]
 
@@ -109,8 +116,11 @@ class SchemaStore:
         """A schema another references (by subject and version), for ``parse``; TransientError when the
         registry cannot answer."""
         try:
-            return self.client.get_version(subject, version).schema
+            return self.client.get_version(subject, version, fmt=self._fmt).schema
         except Exception as exc:  # noqa: BLE001 - classified below
+            if _not_found(exc):
+                raise MissingReference(f"the schema it references, {subject} version {version}, is not in the "
+                                       f"schema registry at {self.where}") from None
             raise self._transient(exc, f"referenced schema {subject} version {version}") from None
 
     def latest(self, subject: str) -> Any | None:
@@ -157,13 +167,19 @@ class SchemaStore:
                 parsed = self._parse(schema, self)
             except ValueError as exc:
                 return self._remember_poison(ref, InvalidRecord(
-                    "decode", "schema_mismatch", f"{ref_text(ref)} cannot be used: {exc}"[:400]), forever=True)
+                    "decode", "schema_mismatch", f"{ref_text(ref)} cannot be used: {exc}"[:400]),
+                    forever=not isinstance(exc, MissingReference))
             self.parsed[ref] = parsed
             self._ever_found = True
             return parsed
 
     def _remember_poison(self, ref: SchemaRef, error: InvalidRecord, *, forever: bool = False) -> Any:
-        self._poison[ref] = (float("inf") if forever else time.monotonic() + UNKNOWN_TTL_S, error)
+        now = time.monotonic()
+        if len(self._poison) >= MAX_POISON:
+            self._poison = {r: p for r, p in self._poison.items() if p[0] > now}
+            if len(self._poison) >= MAX_POISON:
+                self._poison.clear()
+        self._poison[ref] = (float("inf") if forever else now + UNKNOWN_TTL_S, error)
         raise error
 
     def _transient(self, exc: BaseException, what: str) -> TransientError:
@@ -172,7 +188,9 @@ class SchemaStore:
         if status is None:
             how = f"{type(exc).__name__}: {exc}"[:200]
         elif status == 404:
-            how = "HTTP 404 without a Schema Registry error code (is the url a Schema Registry?)"
+            code = getattr(exc, "error_code", None)
+            how = ("HTTP 404 without a Schema Registry error code (is the url a Schema Registry?)"
+                   if code in (None, -1) else f"HTTP 404 (error code {code})")
         else:
             how = f"HTTP {status}" + (" (authentication)" if status in (401, 403) else "")
         return TransientError(f"schema registry at {self.where} could not give {what}: {how}",

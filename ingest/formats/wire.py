@@ -41,12 +41,17 @@ def ref_text(ref: SchemaRef) -> str:
 
 
 def bad_magic(field: Field, data: bytes) -> InvalidRecord:
-    shown = data[:1].hex() or "nothing"
-    return InvalidRecord(
-        "decode", "bad_magic_byte",
-        f"record {field} is not in the Schema Registry wire format: it starts with 0x{shown}, not the magic "
-        f"byte 0 (+ 4-byte schema id) or 1 (+ 16-byte GUID), and has no {field} schema id header",
-    )
+    if not data:
+        how = "it is empty: no magic byte"
+    elif data[0] in (0, 1):
+        how = (f"it is {len(data)} bytes long, too short for magic byte {data[0]} and its "
+               f"{'4-byte schema id' if data[0] == 0 else '16-byte GUID'}")
+        return InvalidRecord("decode", "bad_magic_byte", f"record {field} is not in the Schema Registry wire "
+                                                         f"format: {how}")
+    else:
+        how = f"it starts with 0x{data[:1].hex()}, not the magic byte 0 (+ 4-byte schema id) or 1 (+ 16-byte GUID)"
+    return InvalidRecord("decode", "bad_magic_byte", f"record {field} is not in the Schema Registry wire format: "
+                                                     f"{how}, and has no {field} schema id header")
 
 
 def split(record: Record, field: Field = "value") -> tuple[SchemaRef, memoryview]:
@@ -58,8 +63,7 @@ def split(record: Record, field: Field = "value") -> tuple[SchemaRef, memoryview
     assert data is not None, "tombstones never reach a decoder"
     if not record.headers and len(data) >= 5 and data[0] == 0:  # the common case, inline
         return int.from_bytes(data[1:5], "big"), memoryview(data)[5:]
-    header_name = VALUE_SCHEMA_ID_HEADER if field == "value" else KEY_SCHEMA_ID_HEADER
-    header = next((v for k, v in record.headers if k == header_name and v is not None), None)
+    header = _header(record, field) if record.headers else None
     if header is not None:
         return _prefix_ref(header, field, header), memoryview(data)
     ref = _prefix_ref(data, field, data)
@@ -78,10 +82,32 @@ def _prefix_ref(prefix: bytes, field: Field, shown: bytes) -> SchemaRef:
     raise bad_magic(field, shown)
 
 
+def split_protobuf(record: Record, field: Field = "value") -> tuple[SchemaRef, list[int], memoryview]:
+    """``(schema, message indexes, message bytes)`` of a Protobuf record. The indexes follow the schema
+    id wherever it is: in the payload, or in the schema id header (then the whole value is the message)."""
+    data = record.value if field == "value" else record.key
+    assert data is not None, "tombstones never reach a decoder"
+    header = _header(record, field) if record.headers else None
+    if header is not None:
+        ref = _prefix_ref(header, field, header)
+        indexes, _ = message_indexes(memoryview(header)[5 if type(ref) is int else 17:])
+        return ref, indexes, memoryview(data)
+    ref, payload = split(record, field)
+    indexes, message = message_indexes(payload)
+    return ref, indexes, message
+
+
+def _header(record: Record, field: Field) -> bytes | None:
+    name = VALUE_SCHEMA_ID_HEADER if field == "value" else KEY_SCHEMA_ID_HEADER
+    return next((v for k, v in record.headers if k == name and v is not None), None)
+
+
 def message_indexes(payload: memoryview) -> tuple[list[int], memoryview]:
     """Protobuf: the message indexes after the schema id (which message of the schema's file wrote
     the record; ``[0]`` for the first) and the message bytes after them. Zig-zag varints, as
     confluent-kafka writes them. Raises InvalidRecord ``schema_mismatch`` when they are malformed."""
+    if payload[:1] == b"\x00":  # the common case: one zero byte, the file's first message
+        return [0], payload[1:]
     from confluent_kafka.schema_registry.common.serde import SchemaId
 
     buf = io.BytesIO(payload)

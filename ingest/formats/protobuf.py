@@ -1,0 +1,260 @@
+"""``format: protobuf``: Protobuf values in the Schema Registry wire format (Confluent's
+``ProtobufSerializer``): magic byte, schema id, the message indexes, then the message.
+
+A config-only service has no compiled classes, so message classes are built from the registry's
+own schema: asked for in the ``serialized`` format, it is a ``FileDescriptorProto``; its references
+(other ``.proto`` files, fetched the same way) and the well-known types are added to a private
+descriptor pool, and protobuf's ``message_factory`` makes the classes. Parsing is protobuf's own
+(``FromString``), never hand-written wire parsing. Classes and converters are cached per schema id
+and message index.
+
+What columns receive (a message becomes a dict by field name, so ``$`` paths work as for JSON):
+scalars as Python values (64-bit integers as int, ``bytes`` as bytes), enums as their value's
+name (an unknown number as the int), nested messages as dicts, repeated fields as lists, maps as
+dicts, and the well-known types as values: ``Timestamp`` → aware UTC datetime, ``Duration`` →
+timedelta, the wrappers (``Int64Value``, ``StringValue``, ...) → their value, ``Struct`` /
+``Value`` / ``ListValue`` → plain JSON values.
+
+Presence: a field with presence (``optional`` scalars, message-typed fields -- wrappers included --
+and ``oneof`` members) that is not set is *missing* (the column's default, NULL, or ``missing_field``
+when required). A proto3 scalar without ``optional`` has no presence: unset and zero look the same
+on the wire, so it is always present with its value (0, "", false), ``required`` never fails for it,
+and a column default never replaces it. Use ``optional`` or a wrapper where "absent" must differ from
+zero.
+
+Poison (stage ``decode``): ``bad_magic_byte``, ``unknown_schema``, ``schema_mismatch`` (a schema that
+is not Protobuf or does not build, message indexes that name no message, bytes that do not parse).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ingest.errors import InvalidRecord
+from ingest.formats import wire
+from ingest.formats.base import decode_each
+from ingest.formats.schemas import SchemaStore
+from ingest.types import Record
+
+_UTC = dt.timezone.utc
+_WRAPPERS = frozenset(f"google.protobuf.{n}Value" for n in
+                      ("Double", "Float", "Int64", "UInt64", "Int32", "UInt32", "Bool", "String", "Bytes"))
+_JSON_TYPES = frozenset({"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"})
+
+
+class ProtoSchema:
+    """One registered schema: its file in a private descriptor pool, and per message index path the
+    message class and its to-dict converter (built on first use)."""
+
+    def __init__(self, pool: Any, file_proto: Any) -> None:
+        self._pool = pool
+        self._file = file_proto
+        self._messages: dict[tuple[int, ...], tuple[Any, Callable[[Any], dict[str, Any]]]] = {}
+
+    def message(self, indexes: Sequence[int]) -> tuple[Any, Callable[[Any], dict[str, Any]]]:
+        """``(message class, converter)`` of the message at ``indexes``; ValueError when there is none."""
+        key = tuple(indexes)
+        found = self._messages.get(key)
+        if found is None:
+            from google.protobuf import message_factory
+
+            descriptor = self._pool.FindMessageTypeByName(self._full_name(key))
+            found = (message_factory.GetMessageClass(descriptor), converter(descriptor))
+            self._messages[key] = found
+        return found
+
+    def descriptor(self, indexes: Sequence[int] = (0,)) -> Any:
+        return self._pool.FindMessageTypeByName(self._full_name(tuple(indexes)))
+
+    def _full_name(self, indexes: tuple[int, ...]) -> str:
+        names = []
+        types = self._file.message_type
+        for index in indexes:
+            if not 0 <= index < len(types):
+                raise ValueError(f"message indexes {list(indexes)} name no message of {self._file.name}")
+            names.append(types[index].name)
+            types = types[index].nested_type
+        return ".".join(([self._file.package] if self._file.package else []) + names)
+
+
+def parse_protobuf(schema: Any, store: SchemaStore | None = None) -> ProtoSchema:
+    """A registry ``Schema`` (serialized ``FileDescriptorProto``, base64) built into a descriptor pool
+    with its references and the well-known types. ValueError when it is not a usable Protobuf schema."""
+    from confluent_kafka.schema_registry.common.protobuf import (
+        _init_pool,
+        _is_builtin,
+        _str_to_proto,
+    )
+    from google.protobuf import descriptor_pool
+
+    if schema.schema_type != "PROTOBUF":
+        raise ValueError(f"it is a {schema.schema_type or 'AVRO'} schema, not Protobuf")
+    pool = descriptor_pool.DescriptorPool()
+    _init_pool(pool)
+    try:
+        _add_references(schema, store, pool, set(), _is_builtin, _str_to_proto)
+        file_proto = _str_to_proto("schema.proto", schema.schema_str)
+        pool.Add(file_proto)
+    except ValueError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - SerializationError, TypeError (a broken descriptor)
+        raise ValueError(f"it does not build: {type(exc).__name__}: {exc}"[:300]) from None
+    return ProtoSchema(pool, file_proto)
+
+
+def _add_references(schema: Any, store: SchemaStore | None, pool: Any, seen: set[str], is_builtin: Any,
+                    to_proto: Any) -> None:
+    """Add the files ``schema`` imports (depth first), except the well-known types already there."""
+    for ref in schema.references or []:
+        if is_builtin(ref.name) or ref.name in seen:
+            continue
+        if store is None:
+            raise ValueError("it references other schemas, which need a registry")
+        seen.add(ref.name)
+        referenced = store.referenced(ref.subject, ref.version)
+        _add_references(referenced, store, pool, seen, is_builtin, to_proto)
+        pool.Add(to_proto(ref.name, referenced.schema_str))
+
+
+def converter(descriptor: Any) -> Callable[[Any], dict[str, Any]]:
+    """A function message → dict by field name, for messages of ``descriptor`` (see the module
+    docstring for what each kind of field becomes)."""
+    plan = []
+    for field in descriptor.fields:
+        plan.append((field.name, field.has_presence, field.is_repeated, _value_converter(field)))
+
+    def convert(message: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, presence, repeated, value_of in plan:
+            if presence and not message.HasField(name):
+                continue
+            value = getattr(message, name)
+            if repeated:
+                out[name] = value_of(value)
+            else:
+                out[name] = value if value_of is None else value_of(value)
+        return out
+
+    return convert
+
+
+def _value_converter(field: Any) -> Any:
+    """How one field's value becomes a plain value: None means as is."""
+    if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        value_field = field.message_type.fields_by_name["value"]
+        single = _single_converter(value_field)
+        return (lambda m: dict(m)) if single is None else (lambda m: {k: single(v) for k, v in m.items()})
+    single = _single_converter(field)
+    if field.is_repeated:
+        return (lambda values: list(values)) if single is None else (lambda values: [single(v) for v in values])
+    return single
+
+
+def _single_converter(field: Any) -> Any:
+    if field.enum_type is not None:
+        names = {v.number: v.name for v in field.enum_type.values}
+        return lambda number: names.get(number, number)
+    message_type = field.message_type
+    if message_type is None:
+        return None
+    full_name = message_type.full_name
+    if full_name == "google.protobuf.Timestamp":
+        return lambda m: m.ToDatetime(tzinfo=_UTC)
+    if full_name == "google.protobuf.Duration":
+        return lambda m: m.ToTimedelta()
+    if full_name in _WRAPPERS:
+        return lambda m: m.value
+    if full_name in _JSON_TYPES:
+        from google.protobuf import json_format
+
+        return json_format.MessageToDict
+    nested: list[Callable[[Any], dict[str, Any]]] = []  # built lazily: messages may be recursive
+
+    def convert(message: Any) -> dict[str, Any]:
+        if not nested:
+            nested.append(converter(message_type))
+        return nested[0](message)
+
+    return convert
+
+
+class ProtobufDecoder:
+    """Protobuf values (or keys) whose schemas live in the registry."""
+
+    name = "protobuf"
+    document = "a Protobuf message"
+
+    def __init__(self, pipeline: Any, schema_registry: Any = None, field: wire.Field = "value") -> None:
+        if schema_registry is None:
+            raise ValueError("format protobuf needs a schema_registry section")
+        self._field: wire.Field = field
+        self._store = SchemaStore(schema_registry, parse_protobuf, fmt="serialized")
+
+    @staticmethod
+    def uses_schema_registry(pipeline: Any, field: str = "value") -> bool:
+        return True
+
+    @property
+    def store(self) -> SchemaStore:
+        return self._store
+
+    has_path = staticmethod(lambda schema, steps: has_path(schema.descriptor(), steps))
+
+    def prepare(self, records: Sequence[Record]) -> None:
+        self._store.prepare(records, self._field)
+
+    def decode(self, record: Record) -> Any:
+        ref, indexes, message_bytes = wire.split_protobuf(record, self._field)
+        schema: ProtoSchema = self._store.get(ref)
+        try:
+            cls, convert = schema.message(indexes)
+        except (ValueError, KeyError) as exc:
+            raise InvalidRecord("decode", "schema_mismatch", f"{wire.ref_text(ref)}: {exc}"[:300]) from None
+        try:
+            message = cls.FromString(bytes(message_bytes))
+        except Exception as exc:  # noqa: BLE001 - google.protobuf.message.DecodeError
+            raise InvalidRecord("decode", "schema_mismatch",
+                                f"record {self._field} does not parse as {cls.DESCRIPTOR.full_name} "
+                                f"({wire.ref_text(ref)}): {exc}"[:300]) from None
+        return convert(message)
+
+    def describe(self, record: Record | None) -> str | None:
+        return wire.describe(record, self._field) if record is not None else None
+
+    def decode_batch(self, records: Sequence[Record]) -> list[Any | InvalidRecord]:
+        return decode_each(self, records)
+
+    def value_loader(self) -> None:
+        return None
+
+
+def has_path(descriptor: Any, steps: Sequence[tuple[bool, str | int]]) -> bool:
+    """Whether messages of ``descriptor`` can hold a value at ``steps``: fields by name, map keys,
+    list indexes; a Struct / Value holds anything."""
+    node = descriptor
+    for i, (is_key, step) in enumerate(steps):
+        if node is None:
+            return False
+        if node.full_name in _JSON_TYPES:
+            return True
+        if not is_key:
+            return False  # an index step is handled with the repeated field below
+        field = node.fields_by_name.get(step)
+        if field is None:
+            return False
+        rest = steps[i + 1:]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value = field.message_type.fields_by_name["value"]
+            return not rest or (rest[0][0] and (not rest[1:] or has_path(value.message_type, rest[1:])))
+        if field.is_repeated:
+            if not rest:
+                return True
+            if rest[0][0]:
+                return False
+            rest = rest[1:]
+        if not rest:
+            return True
+        return field.message_type is not None and has_path(field.message_type, rest)
+    return True
