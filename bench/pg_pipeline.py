@@ -1,6 +1,7 @@
 """Kafka → PostgreSQL benchmark: end-to-end beside its bounds, measured in one run.
 
     .venv/bin/python bench/pg_pipeline.py [--records 200000] [--naive-records 5000] [--rounds 3]
+                                          [--format json|avro|both]
 
 Starts an embedded broker (Tansu) and uses ``$INGEST_PG_DSN`` or an embedded
 PostgreSQL (pgserver), produces one topic of JSON records (6 partitions, ~110 B
@@ -26,6 +27,18 @@ with the whole machine; end to end does both on the same cores, so the script
 also measures the machine's busy CPU-seconds per record in (a) and (b) (every
 process: broker, PostgreSQL, Python; from /proc/stat) and prints the cap that
 puts on end to end: cores / (cpu_a + cpu_b).
+
+``--format avro`` runs (e) on the same records in the Schema Registry wire format (a second topic:
+same records, keys and partitions, values made by confluent-kafka's own AvroSerializer against the
+Schema Registry stand-in of tests/harness/schema_registry.py, which the script starts), with
+``format: avro`` and a ``schema_registry`` section in an otherwise identical configuration.
+(a)-(d) always measure the JSON stream: the decoded rows are the same, so (b) and (c) do not
+depend on the format. ``--format both`` runs every (e) on both streams, JSON and Avro back to
+back in each round (their order alternating per round), prints the JSON table as ``--format
+json`` does and then one table of both formats: records/s (best, median) and ingest's own CPU
+per record (median) per configuration, and the ratios Avro/JSON of the medians. With Avro, the
+script checks that each Avro end-to-end table (and, with ``both``, each JSON one) holds the
+stream's last record per key, and exits non-zero when it does not.
 """
 
 from __future__ import annotations
@@ -59,15 +72,20 @@ from ingest.types import Record  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     CONSUMER,
+    EVENT_AVRO_SCHEMA,
     PARTITIONS,
     BusySampler,
     Window,
     consume_all,
     cpu_cap,
     create_topic,
+    event_avro_doc,
     produce,
     run_measured,
 )
+
+#: tests/, for the test harness's Schema Registry stand-in and serializer helpers (``harness.*``).
+TESTS = Path(__file__).resolve().parents[1] / "tests"
 
 BATCH_ROWS = 5000
 COLUMNS = {
@@ -150,8 +168,10 @@ def naive(bootstrap: str, topic: str, dsn: str, mapper: Mapper, n: int) -> float
     return elapsed
 
 
-def e2e_config(bootstrap: str, topic: str, dsn: str, table: str, lanes: int) -> dict:
-    return {
+def e2e_config(bootstrap: str, topic: str, dsn: str, table: str, lanes: int, registry_url: str | None = None) -> dict:
+    """The end-to-end configuration; with ``registry_url``, the same one reading Avro (``format: avro``,
+    schemas from that Schema Registry)."""
+    cfg = {
         "kafka": {"bootstrap_servers": bootstrap, "client": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}},
         "pipelines": [{
             "name": "bench", "topics": [topic], "group_id": f"bench-e2e-{uuid.uuid4().hex}",
@@ -160,6 +180,48 @@ def e2e_config(bootstrap: str, topic: str, dsn: str, table: str, lanes: int) -> 
             "dlq": {"kind": "postgres", "table": "bench_dlq"},
         }],
     }
+    if registry_url is not None:
+        cfg["schema_registry"] = {"url": registry_url}
+        cfg["pipelines"][0]["format"] = "avro"
+    return cfg
+
+
+def start_registry():  # -> harness.schema_registry.SchemaRegistryStandIn
+    """The test harness's Schema Registry stand-in, on an ephemeral port (no real registry installs here)."""
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
+    from harness.schema_registry import SchemaRegistryStandIn
+
+    return SchemaRegistryStandIn()
+
+
+def produce_avro(bootstrap: str, topic: str, n: int, registry_url: str) -> None:
+    """The records :func:`common.produce` makes -- same values, keys, order, so the same partitions --
+    as Avro in the wire format: one AvroSerializer (registering :data:`EVENT_AVRO_SCHEMA` under
+    ``<topic>-value`` on its first call), reused for every record."""
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from harness.serde import client
+
+    serializer = AvroSerializer(client(registry_url), EVENT_AVRO_SCHEMA)
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    produce(bootstrap, topic, n, value=lambda i, key: serializer(event_avro_doc(i, key), ctx))
+
+
+def check_table(dsn: str, table: str, expected: dict) -> int:
+    """Whether ``table``'s configured columns hold exactly ``expected`` (event_id → row); its row count.
+    Raises SystemExit naming the first difference otherwise."""
+    with psycopg.connect(dsn) as conn:
+        got = {row[0]: row for row in conn.execute(f'SELECT event_id, user_id, kind, amount, ts FROM "{table}"')}
+    if got != expected:
+        missing = sorted(expected.keys() - got.keys())[:3]
+        extra = sorted(got.keys() - expected.keys())[:3]
+        differ = [(k, expected[k], got[k]) for k in sorted(expected.keys() & got.keys()) if expected[k] != got[k]][:2]
+        raise SystemExit(f"end-to-end table {table}: {len(got)} rows, expected {len(expected)}; "
+                         f"missing {missing}, unexpected {extra}, different {differ}")
+    return len(got)
 
 
 def run_command(path: Path, processes: int, summary: Path | None = None) -> list[str]:
@@ -168,7 +230,7 @@ def run_command(path: Path, processes: int, summary: Path | None = None) -> list
     return cmd + (["--summary-json", str(summary)] if summary is not None else [])
 
 
-def idle_cpu_s(bootstrap: str, dsn: str, lanes: int, processes: int) -> float:
+def idle_cpu_s(bootstrap: str, dsn: str, lanes: int, processes: int, registry_url: str | None = None) -> float:
     """CPU-seconds of ``ingest run`` (its own processes only) on an empty topic: start-up, group join
     and the idle wait, which the end-to-end runs also pay; subtracted to give ingest's CPU per record."""
     topic = f"bench-idle-{uuid.uuid4().hex[:8]}"
@@ -177,15 +239,17 @@ def idle_cpu_s(bootstrap: str, dsn: str, lanes: int, processes: int) -> float:
     make_table(dsn, table, keyed=True)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "idle.yaml"
-        path.write_text(yaml.safe_dump(e2e_config(bootstrap, topic, dsn, table, lanes)))
+        path.write_text(yaml.safe_dump(e2e_config(bootstrap, topic, dsn, table, lanes, registry_url)))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         return run_measured(run_command(path, processes), env=env)
 
 
-def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int = 1) -> dict:
-    table = f"bench_e2e_{lanes}_{processes}"
+def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int = 1,
+               registry_url: str | None = None) -> dict:
+    """``ingest run`` of ``topic`` (Avro with ``registry_url``, else JSON) into a fresh table."""
+    table = f"bench_e2e_{lanes}_{processes}" if registry_url is None else f"bench_e2e_avro_{lanes}_{processes}"
     make_table(dsn, table, keyed=True)
-    cfg = e2e_config(bootstrap, topic, dsn, table, lanes)
+    cfg = e2e_config(bootstrap, topic, dsn, table, lanes, registry_url)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -206,12 +270,45 @@ def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int 
     starts = [p["summary"]["pipelines"]["bench"]["busy_window_s"][0] for p in data.get("processes", [])
               if p.get("summary") and p["summary"]["pipelines"]["bench"].get("busy_window_s", [None])[0] is not None]
     return {"rate": rate, "rss": data.get("peak_rss_bytes", 0), "rows": stats["rows_written"], "cpu_us": cpu_us,
-            "process_cpu_s": process_cpu_s,
+            "process_cpu_s": process_cpu_s, "table": table,
             "consumed": stats["records_consumed"], "stagger_s": max(starts) - min(starts) if len(starts) > 1 else None}
 
 
 def best_and_median(values: list[float]) -> tuple[float, float]:
     return max(values), statistics.median(values)
+
+
+def compare_formats(runs: dict[str, dict[str, list[dict]]], idles: dict[str, dict[str, float]], n: int,
+                    rounds: int, dsn: str, rows: list[tuple]) -> None:
+    """The formats' end-to-end figures side by side (and, with both, the ratios Avro/JSON of the medians);
+    then each format's end-to-end tables (of the last round) checked against the stream's last record per key."""
+    for fmt, by_label in runs.items():
+        for label, rs in by_label.items():
+            for r in rs:
+                assert r["consumed"] == n, f"end-to-end ({fmt}, {label}) consumed {r['consumed']} of {n}"
+                r["ingest_cpu_us"] = (r["process_cpu_s"] - idles[fmt][label]) / n * 1e6
+    print(f"\nend to end by format: the same {n} records as JSON and as Avro (Schema Registry wire format); "
+          f"{rounds} rounds, interleaved")
+    print(f"{'configuration':<28}{'format':<12}{'best':>12}{'median':>12}{'own CPU us/record':>20}")
+    for label in next(iter(runs.values())):
+        med: dict[str, tuple[float, float]] = {}
+        for fmt, by_label in runs.items():
+            rs = by_label[label]
+            best, median = best_and_median([r["rate"] for r in rs])
+            med[fmt] = (median, statistics.median(r["ingest_cpu_us"] for r in rs))
+            print(f"{label:<28}{fmt:<12}{best:>12,.0f}{median:>12,.0f}{med[fmt][1]:>20.2f}")
+        if "json" in med and "avro" in med:
+            print(f"{label:<28}{'avro/json':<12}{'':>12}{'x' + format(med['avro'][0] / med['json'][0], '.3f'):>12}"
+                  f"{'x' + format(med['avro'][1] / med['json'][1], '.3f'):>20}")
+    print("(best and median records/s; own CPU: user + sys of ingest's processes less its idle run, median; "
+          "avro/json: ratios of the medians)")
+    # What each end-to-end table must hold: the last record of each key (a key stays in one partition).
+    expected = {row[0]: tuple(row[:WIDTH]) for row in rows}
+    counts = {fmt: {label: check_table(dsn, rs[-1]["table"], expected) for label, rs in by_label.items()}
+              for fmt, by_label in runs.items()}
+    print("(end-to-end tables of the last round: " + "; ".join(
+        f"{fmt} " + ", ".join(f"{label} {c} rows ({runs[fmt][label][-1]['rows']} written)" for label, c in by_label.items())
+        for fmt, by_label in counts.items()) + f" -- each the stream's last record of each of its {len(expected)} keys)")
 
 
 def main() -> None:
@@ -224,10 +321,17 @@ def main() -> None:
                     help="lanes per process in the --processes runs")
     ap.add_argument("--rounds", type=int, default=3,
                     help="measure (a), (b), (c) and every (e) this many times, interleaved; report best and median")
+    ap.add_argument("--format", choices=["json", "avro", "both"], default="json",
+                    help="the values end to end reads: JSON, Avro (Schema Registry wire format), or both "
+                         "side by side (interleaved); (a)-(d) always read the JSON stream")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON to this file")
     args = ap.parse_args()
+    formats = ["json", "avro"] if args.format == "both" else [args.format]
+    #: The format of the main table's (e) rows (with ``both``, JSON: that table is then as with ``json``).
+    primary = formats[0]
 
     services = start_all()
+    registry = None
     try:
         bootstrap, dsn = services.bootstrap, services.pg_dsn
         topic = f"bench-{uuid.uuid4().hex[:8]}"
@@ -235,6 +339,17 @@ def main() -> None:
         t = time.perf_counter()
         produce(bootstrap, topic, args.records)
         print(f"produced {args.records} records in {time.perf_counter() - t:.1f} s", flush=True)
+        topics: dict[str, str] = {"json": topic}
+        urls: dict[str, str | None] = {"json": None}
+        if "avro" in formats:
+            registry = start_registry()
+            topics["avro"], urls["avro"] = f"bench-avro-{uuid.uuid4().hex[:8]}", registry.url
+            create_topic(bootstrap, topics["avro"])
+            t = time.perf_counter()
+            produce_avro(bootstrap, topics["avro"], args.records, registry.url)
+            print(f"produced the same {args.records} records as Avro (Schema Registry wire format, "
+                  f"AvroSerializer, registry stand-in at {registry.url}) in {time.perf_counter() - t:.1f} s",
+                  flush=True)
 
         # (a)-(d) run under the same interpreter settings as `ingest run` (GC, switch interval).
         tune_for_throughput()
@@ -248,7 +363,8 @@ def main() -> None:
         # hits every measure of that round rather than one measure of the whole run.
         rates: dict[str, list[float]] = {}
         windows: dict[str, list[Window]] = {"a": [], "b": []}
-        e2e: dict[str, list[dict]] = {label: [] for label, _, _ in configs}
+        by_format: dict[str, dict[str, list[dict]]] = {fmt: {label: [] for label, _, _ in configs} for fmt in formats}
+        e2e = by_format[primary]
         rows: list[tuple] = []
         for rnd in range(args.rounds):
             records, win_a = consume_all(bootstrap, topic, n)
@@ -262,15 +378,22 @@ def main() -> None:
             rates.setdefault("b", []).append(n / win_b.wall_s)
             rates.setdefault("c", []).append(n / plain_copy(dsn, rows))
             for label, lanes, processes in configs:
-                e2e[label].append(end_to_end(bootstrap, topic, dsn, lanes, processes))
+                # With both formats, each configuration runs on both back to back (JSON first in even
+                # rounds, Avro first in odd ones), so a slow spell hits both formats of it alike.
+                for fmt in (formats if rnd % 2 == 0 else formats[::-1]):
+                    by_format[fmt][label].append(end_to_end(bootstrap, topics[fmt], dsn, lanes, processes, urls[fmt]))
             print(f"round {rnd + 1}/{args.rounds}: a {rates['a'][-1]:,.0f}  b {rates['b'][-1]:,.0f}  "
-                  + "  ".join(f"e[{k}] {v[-1]['rate']:,.0f}" for k, v in e2e.items()), flush=True)
+                  + "  ".join(f"e[{k if fmt == 'json' else fmt + ' ' + k}] {v[-1]['rate']:,.0f}"
+                              for fmt in formats for k, v in by_format[fmt].items()), flush=True)
         d = args.naive_records / naive(bootstrap, topic, dsn, mapper, args.naive_records)
-        idle = {label: idle_cpu_s(bootstrap, dsn, lanes, processes) for label, lanes, processes in configs}
+        idles = {fmt: {label: idle_cpu_s(bootstrap, dsn, lanes, processes, urls[fmt])
+                       for label, lanes, processes in configs} for fmt in formats}
+        idle = idles[primary]
 
         (a, a_med), (b, b_med), (c, c_med) = (best_and_median(rates[k]) for k in "abc")
         print(f"\nrecords: {n} over {PARTITIONS} partitions, {n // 3} keys, batch {BATCH_ROWS} rows; "
-              f"{args.rounds} rounds (best, median)")
+              f"{args.rounds} rounds (best, median)"
+              + ("" if primary == "json" else f"; (e) reads the {primary} stream, (a)-(d) the JSON one"))
         print(f"{'measure':<44}{'best':>12}{'median':>12}")
         print(f"{'(a) consume only':<44}{a:>12,.0f}{a_med:>12,.0f}")
         print(f"{'(b) write path alone (COPY->stage->upsert)':<44}{b:>12,.0f}{b_med:>12,.0f}")
@@ -294,7 +417,8 @@ def main() -> None:
             for r, us in zip(runs, own):
                 r["ingest_cpu_us"] = us
             extra += f", ingest's own CPU {statistics.median(own):.2f} us/record (median; idle run {idle[label]:.2f} s)"
-            print(f"{'(e) ingest run, ' + label:<44}{e_best[label]:>12,.0f}{e_med[label]:>12,.0f}{extra}")
+            name = "(e) ingest run, " if primary == "json" else f"(e) ingest run ({primary}), "
+            print(f"{name + label:<44}{e_best[label]:>12,.0f}{e_med[label]:>12,.0f}{extra}")
         best = max(e_best.values())
         median_best = max(e_med.values())
         print(f"\nratio e/min(a,b) = {best / min(a, b):.2f} (medians: {median_best / min(a_med, b_med):.2f})   "
@@ -316,7 +440,15 @@ def main() -> None:
             print(f"end to end ({best_label}, best run) cost {cpu_e:.1f} us of machine CPU per record "
                   f"-> at most {cores} / {cpu_e:.1f} us = {cap_e:,.0f} records/s here, "
                   f"= {cap_e / min(a, b):.2f} x min(a,b);   e / that cap = {best / cap_e:.2f}")
+        if "avro" in formats:
+            compare_formats(by_format, idles, n, args.rounds, dsn, rows)
         if args.json:
+            extra_json = {} if primary == "json" and len(formats) == 1 else {"format": args.format}
+            if args.format == "both":
+                extra_json["end_to_end_avro"] = {
+                    k: {"rate": max(r["rate"] for r in v), "median": statistics.median(r["rate"] for r in v),
+                        "ingest_cpu_us_per_record": [r["ingest_cpu_us"] for r in v], "idle_cpu_s": idles["avro"][k],
+                        "peak_rss_bytes": max(r["rss"] for r in v)} for k, v in by_format["avro"].items()}
             args.json.write_bytes(orjson.dumps({
                 "records": n, "rounds": args.rounds, "consume_only": a, "write_path": b, "plain_copy": c,
                 "naive": d, "medians": {"consume_only": a_med, "write_path": b_med, "plain_copy": c_med},
@@ -326,8 +458,11 @@ def main() -> None:
                                    "ingest_cpu_us_per_record": [r["ingest_cpu_us"] for r in e2e[k]],
                                    "idle_cpu_s": idle[k],
                                    "peak_rss_bytes": max(r["rss"] for r in e2e[k])} for k in e2e},
+                **extra_json,
             }, option=orjson.OPT_INDENT_2))
     finally:
+        if registry is not None:
+            registry.stop()
         services.close()
 
 

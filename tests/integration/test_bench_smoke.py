@@ -23,6 +23,9 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 @pytest.mark.parametrize(("script", "args", "expect"), [
     ("pg_pipeline.py", ["--records", "3000", "--naive-records", "100", "--rounds", "1", "--processes", "0",
                         "--lanes", "1"], "(e) ingest run, lanes=1"),
+    ("pg_pipeline.py", ["--records", "3000", "--naive-records", "100", "--rounds", "1", "--processes", "0",
+                        "--lanes", "1", "--format", "both"],
+     "json lanes=1 1000 rows (1000 written); avro lanes=1 1000 rows (1000 written)"),
     ("clickhouse_pipeline.py", ["--records", "3000", "--rounds", "1", "--lanes", "1"],
      "(end-to-end table: 1000 keys with FINAL, as expected)"),
 ])
