@@ -96,12 +96,16 @@ class SchemaStore:
         prefixes: set[bytes] = set()
         refs: set[SchemaRef] = set()
         key = field == "key"
+        last = b""
         for record in records:
             data = record.key if key else record.value
             if data is None:
                 continue
-            if not record.headers and len(data) >= 5 and data[0] == 0:
-                prefixes.add(data[1:5])
+            if not record.headers and data[:1] == b"\x00" and len(data) >= 5:
+                prefix = data[1:5]
+                if prefix != last:  # runs of one schema are the rule: one set insert per run
+                    prefixes.add(prefix)
+                    last = prefix
             else:
                 try:
                     refs.add(wire.split(record, field)[0])
