@@ -34,6 +34,7 @@ import orjson  # noqa: E402
 from common import EVENT_AVRO_SCHEMA, event, event_avro_doc  # noqa: E402
 from harness.schema_registry import SchemaRegistryStandIn  # noqa: E402
 from harness.serde import avro_values, json_schema_values, protobuf_values  # noqa: E402
+from pg_pipeline import COLUMNS  # noqa: E402  (the end-to-end bench's columns)
 
 from ingest.config import ColumnSpec  # noqa: E402
 from ingest.config.formats import SchemaRegistrySettings  # noqa: E402
@@ -41,13 +42,6 @@ from ingest.core.mapping import Mapper  # noqa: E402
 from ingest.formats.registry import build_decoder  # noqa: E402
 from ingest.types import Record  # noqa: E402
 
-COLUMNS = {
-    "event_id": {"type": "bigint", "source": "$.id", "required": True},
-    "user_id": {"type": "bigint", "source": "$.user"},
-    "kind": {"type": "text", "source": "$.kind"},
-    "amount": {"type": "numeric(12,2)", "source": "$.amount"},
-    "ts": {"type": "timestamptz", "source": "$.ts"},
-}
 EVENT_JSON_SCHEMA = orjson.dumps({
     "type": "object", "properties": {"id": {"type": "integer"}, "user": {"type": "integer"},
                                      "kind": {"type": "string"}, "amount": {"type": "number"},

@@ -34,7 +34,7 @@ from fastavro import schemaless_reader
 
 from ingest.errors import InvalidRecord
 from ingest.formats import wire
-from ingest.formats.base import decode_each
+from ingest.formats.registered import RegistryDecoder
 from ingest.formats.schemas import SchemaStore
 from ingest.types import Record
 
@@ -93,31 +93,33 @@ def _mismatch(what: str | wire.SchemaRef, why: str) -> InvalidRecord:
     return InvalidRecord("decode", "schema_mismatch", f"record value does not decode with {name}: {why}"[:300])
 
 
-class AvroDecoder:
-    """Avro values, with their writer schema from the registry or the ``avro_schema`` file."""
+class AvroDecoder(RegistryDecoder):
+    """Avro values, with their writer schema from the registry or the ``avro_schema`` file (keys: from
+    the registry)."""
 
     name = "avro"
     document = "an Avro record"
+    parse = staticmethod(parse_avro)
+    #: for ``ingest check``: can a record of a parsed schema hold a value at a path
+    has_path = staticmethod(lambda schema, steps: has_path(schema, steps))
 
     def __init__(self, pipeline: Any, schema_registry: Any = None, field: wire.Field = "value") -> None:
-        self._field: wire.Field = field
         self._file_schema: Any = None
-        self._store: SchemaStore | None = None
         path = getattr(pipeline, "avro_schema", None) if field == "value" else None
-        if path is not None:
-            try:
-                text = Path(path).read_text(encoding="utf-8")
-            except OSError as exc:
-                raise ValueError(f"avro_schema {path}: cannot read it: {exc.strerror}") from None
-            try:
-                self._file_schema = parse_avro(text)
-            except ValueError as exc:
-                raise ValueError(f"avro_schema {path}: {exc}") from None
-            self._file_what = f"the avro_schema {Path(path).name}"
-        else:
+        if path is None:
             if schema_registry is None:
                 raise ValueError("format avro needs a schema_registry section (or avro_schema: FILE)")
-            self._store = SchemaStore(schema_registry, parse_avro)
+            super().__init__(pipeline, schema_registry, field)
+            return
+        self._field = field
+        self._store = None
+        try:
+            self._file_schema = parse_avro(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ValueError(f"avro_schema {path}: cannot read it: {exc.strerror}") from None
+        except ValueError as exc:
+            raise ValueError(f"avro_schema {path}: {exc}") from None
+        self._file_what = f"the avro_schema {Path(path).name}"
 
     @staticmethod
     def uses_schema_registry(pipeline: Any, field: str = "value") -> bool:
@@ -125,22 +127,9 @@ class AvroDecoder:
         return field == "key" or getattr(pipeline, "avro_schema", None) is None
 
     @property
-    def store(self) -> SchemaStore | None:
-        """The registry's schemas (None with ``avro_schema``)."""
-        return self._store
-
-    @property
     def file_schema(self) -> Any:
         """The parsed ``avro_schema`` (None with a registry)."""
         return self._file_schema
-
-    #: for ``ingest check``: can a record of a parsed schema hold a value at a path
-    has_path = staticmethod(lambda schema, steps: has_path(schema, steps))
-
-    def prepare(self, records: Sequence[Record]) -> None:
-        """Fetch the schemas of ``records`` not yet known (TransientError while the registry is down)."""
-        if self._store is not None:
-            self._store.prepare(records, self._field)
 
     def decode(self, record: Record) -> Any:
         store = self._store
@@ -162,10 +151,7 @@ class AvroDecoder:
         """Which schema wrote ``record`` (for map errors), None when it names none."""
         if self._store is None:
             return self._file_what
-        return wire.describe(record, self._field) if record is not None else None
-
-    def decode_batch(self, records: Sequence[Record]) -> list[Any | InvalidRecord]:
-        return decode_each(self, records)
+        return super().describe(record)
 
     def value_loader(self) -> Any:
         """File schema: a plain bytes → record function; registry: None (the schema id can be in a header,

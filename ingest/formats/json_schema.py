@@ -20,10 +20,9 @@ from typing import Any
 
 import orjson
 
-from ingest.errors import InvalidRecord
 from ingest.formats import wire
-from ingest.formats.base import decode_each
 from ingest.formats.json import decode_error
+from ingest.formats.registered import RegistryDecoder
 from ingest.formats.schemas import SchemaStore
 from ingest.types import Record
 
@@ -41,47 +40,21 @@ def parse_json_schema(schema: Any, store: SchemaStore | None = None) -> Any:
     return parsed
 
 
-class JsonSchemaDecoder:
+class JsonSchemaDecoder(RegistryDecoder):
     """JSON Schema values (or keys) whose schemas live in the registry."""
 
     name = "json_schema"
     document = "a JSON object"
-
-    def __init__(self, pipeline: Any, schema_registry: Any = None, field: wire.Field = "value") -> None:
-        if schema_registry is None:
-            raise ValueError("format json_schema needs a schema_registry section")
-        self._field: wire.Field = field
-        self._store = SchemaStore(schema_registry, parse_json_schema)
-
-    @staticmethod
-    def uses_schema_registry(pipeline: Any, field: str = "value") -> bool:
-        return True
-
-    @property
-    def store(self) -> SchemaStore:
-        return self._store
-
+    parse = staticmethod(parse_json_schema)
     has_path = staticmethod(lambda schema, steps: has_path(schema, steps))
-
-    def prepare(self, records: Sequence[Record]) -> None:
-        self._store.prepare(records, self._field)
 
     def decode(self, record: Record) -> Any:
         ref, payload = wire.split(record, self._field)
-        self._store.get(ref)  # unknown_schema, or TransientError while the registry is down
+        self._store.get(ref)  # type: ignore[union-attr]  # unknown_schema, or TransientError
         try:
             return orjson.loads(payload)
         except Exception as exc:  # noqa: BLE001 - JSONDecodeError
             raise decode_error(bytes(payload), exc, self._field) from None
-
-    def describe(self, record: Record | None) -> str | None:
-        return wire.describe(record, self._field) if record is not None else None
-
-    def decode_batch(self, records: Sequence[Record]) -> list[Any | InvalidRecord]:
-        return decode_each(self, records)
-
-    def value_loader(self) -> None:
-        return None  # the schema id can be in a header, which only decode() sees
 
 
 def has_path(schema: Any, steps: Sequence[tuple[bool, str | int]]) -> bool:

@@ -35,7 +35,7 @@ from typing import Any
 
 from ingest.errors import InvalidRecord
 from ingest.formats import wire
-from ingest.formats.base import decode_each
+from ingest.formats.registered import RegistryDecoder
 from ingest.formats.schemas import SchemaStore
 from ingest.types import Record
 
@@ -184,32 +184,18 @@ def _single_converter(field: Any) -> Any:
     return convert
 
 
-class ProtobufDecoder:
+class ProtobufDecoder(RegistryDecoder):
     """Protobuf values (or keys) whose schemas live in the registry."""
 
     name = "protobuf"
     document = "a Protobuf message"
-
-    def __init__(self, pipeline: Any, schema_registry: Any = None, field: wire.Field = "value") -> None:
-        if schema_registry is None:
-            raise ValueError("format protobuf needs a schema_registry section")
-        self._field: wire.Field = field
-        self._store = SchemaStore(schema_registry, parse_protobuf, fmt="serialized")
-
-    @staticmethod
-    def uses_schema_registry(pipeline: Any, field: str = "value") -> bool:
-        return True
-
-    @property
-    def store(self) -> SchemaStore:
-        return self._store
-
+    registry_format = "serialized"
+    parse = staticmethod(parse_protobuf)
     has_path = staticmethod(lambda schema, steps: has_path(schema.descriptor(), steps))
 
-    def prepare(self, records: Sequence[Record]) -> None:
-        self._store.prepare(records, self._field)
-
     def decode(self, record: Record) -> Any:
+        store = self._store
+        assert store is not None
         data = record.value if self._field == "value" else record.key
         if not record.headers and data is not None and len(data) >= 6 and data[0] == 0 and data[5] == 0:
             # the common case, inline: magic 0, a 4-byte id, message indexes [0] (one zero byte)
@@ -218,7 +204,7 @@ class ProtobufDecoder:
             message_bytes: bytes | memoryview = data[6:]
         else:
             ref, indexes, message_bytes = wire.split_protobuf(record, self._field)
-        schema: ProtoSchema = self._store.parsed.get(ref) or self._store.get(ref)
+        schema: ProtoSchema = store.parsed.get(ref) or store.get(ref)
         try:
             cls, convert = schema.message(indexes)
         except (ValueError, KeyError) as exc:
@@ -230,15 +216,6 @@ class ProtobufDecoder:
                                 f"record {self._field} does not parse as {cls.DESCRIPTOR.full_name} "
                                 f"({wire.ref_text(ref)}): {exc}"[:300]) from None
         return convert(message)
-
-    def describe(self, record: Record | None) -> str | None:
-        return wire.describe(record, self._field) if record is not None else None
-
-    def decode_batch(self, records: Sequence[Record]) -> list[Any | InvalidRecord]:
-        return decode_each(self, records)
-
-    def value_loader(self) -> None:
-        return None
 
 
 def has_path(descriptor: Any, steps: Sequence[tuple[bool, str | int]]) -> bool:

@@ -15,12 +15,12 @@ import io
 import json
 import uuid
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from fastavro import parse_schema, schemaless_writer
+from formats_helpers import format_config, migrate, run_until_idle
 from harness import run_ingest, start_ingest, write_config
 from harness.kafka import TEST_CONSUMER_SETTINGS, committed_offsets, produce
 from harness.serde import avro_values
@@ -103,33 +103,13 @@ PG_COLUMNS = {
 
 def _config(*, bootstrap: str, topic: str, group: str, dsn: str, registry: str | None, columns: dict[str, Any],
             table: str = "typed", conflict_key: tuple[str, ...] = ("id",), **pipeline: Any) -> dict[str, Any]:
-    cfg: dict[str, Any] = {
-        "kafka": {"bootstrap_servers": bootstrap, "client": dict(TEST_CONSUMER_SETTINGS)},
-        "pipelines": [{
-            "name": "avro", "topics": [topic], "group_id": group, "format": "avro", "commit_interval_ms": 200,
-            "batch": {"max_rows": 500, "max_latency_ms": 100},
-            "sink": {"kind": "postgres", "dsn": dsn, "table": table, "conflict_key": list(conflict_key),
-                     "columns": columns},
-            **pipeline,
-        }],
-    }
-    if registry is not None:
-        cfg["schema_registry"] = {"url": registry}
-    return cfg
+    sink = {"kind": "postgres", "dsn": dsn, "table": table, "conflict_key": list(conflict_key), "columns": columns}
+    return format_config(bootstrap=bootstrap, topic=topic, group=group, fmt="avro", sink=sink, registry=registry,
+                         name="avro", **pipeline)
 
 
-def _migrate(tmp_path: Path, cfg: dict[str, Any]) -> Path:
-    path = write_config(tmp_path, cfg)
-    res = run_ingest(["migrate", "-c", path], timeout_s=60, log_dir=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return path
-
-
-def _run(path: Path, tmp_path: Path, *, expect: int = 0, timeout_s: float = 120) -> Any:
-    res = run_ingest(["run", "-c", path, "--until-idle", "2", "--metrics-port", "0"], timeout_s=timeout_s,
-                     log_dir=tmp_path)
-    assert res.returncode == expect, f"exit {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
-    return res
+_migrate = migrate
+_run = run_until_idle
 
 
 def _rows(dsn: str, sql: str) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from formats_helpers import format_config, migrate, run_until_idle
 from harness import run_ingest, write_config
 from harness.kafka import TEST_CONSUMER_SETTINGS, produce
 from harness.serde import json_schema_values
@@ -57,16 +58,10 @@ def test_json_schema_records_round_trip_with_two_versions_and_poison(sink, tmp_p
         if sink == "postgres" else
         {"kind": "clickhouse", "url": chdb.url, "database": "js", "table": "orders", "order_by": ["id"],
          "columns": CH})
-    cfg = {"kafka": {"bootstrap_servers": kafka_bootstrap, "client": dict(TEST_CONSUMER_SETTINGS)},
-           "schema_registry": {"url": url},
-           "pipelines": [{"name": "js", "topics": [topic], "group_id": group_id, "format": "json_schema",
-                          "commit_interval_ms": 200, "batch": {"max_rows": 100, "max_latency_ms": 100},
-                          "sink": sink_cfg, "dlq": {"kind": "postgres", "dsn": pg_dsn, "max_ratio": 1.0}}]}
-    path = write_config(tmp_path, cfg)
-    assert run_ingest(["migrate", "-c", path], timeout_s=60, log_dir=tmp_path).returncode == 0
-    res = run_ingest(["run", "-c", path, "--until-idle", "2", "--metrics-port", "0"], timeout_s=120,
-                     log_dir=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
+    cfg = format_config(bootstrap=kafka_bootstrap, topic=topic, group=group_id, fmt="json_schema", sink=sink_cfg,
+                        registry=schema_registry.url, name="js", dlq={"kind": "postgres", "dsn": pg_dsn,
+                                                                          "max_ratio": 1.0})
+    run_until_idle(migrate(tmp_path, cfg), tmp_path)
     if sink == "postgres":
         with psycopg.connect(pg_dsn) as conn:
             cur = conn.execute("SELECT id, status, amount, at, second_tag, city, channel FROM orders ORDER BY id")

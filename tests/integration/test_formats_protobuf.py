@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from formats_helpers import format_config, migrate, run_until_idle
 from harness import run_ingest, write_config
 from harness.kafka import TEST_CONSUMER_SETTINGS, produce
 from harness.proto_messages import classes
@@ -69,16 +70,10 @@ def test_protobuf_messages_round_trip(sink, tmp_path, kafka_bootstrap, pg_dsn, n
         if sink == "postgres" else
         {"kind": "clickhouse", "url": chdb.url, "database": "pb", "table": "orders", "order_by": ["id"],
          "columns": CH})
-    cfg = {"kafka": {"bootstrap_servers": kafka_bootstrap, "client": dict(TEST_CONSUMER_SETTINGS)},
-           "schema_registry": {"url": schema_registry.url},
-           "pipelines": [{"name": "pb", "topics": [topic], "group_id": group_id, "format": "protobuf",
-                          "commit_interval_ms": 200, "batch": {"max_rows": 100, "max_latency_ms": 100},
-                          "sink": sink_cfg, "dlq": {"kind": "postgres", "dsn": pg_dsn, "max_ratio": 1.0}}]}
-    path = write_config(tmp_path, cfg)
-    assert run_ingest(["migrate", "-c", path], timeout_s=60, log_dir=tmp_path).returncode == 0
-    res = run_ingest(["run", "-c", path, "--until-idle", "2", "--metrics-port", "0"], timeout_s=120,
-                     log_dir=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
+    cfg = format_config(bootstrap=kafka_bootstrap, topic=topic, group=group_id, fmt="protobuf", sink=sink_cfg,
+                        registry=schema_registry.url, name="pb", dlq={"kind": "postgres", "dsn": pg_dsn,
+                                                                          "max_ratio": 1.0})
+    run_until_idle(migrate(tmp_path, cfg), tmp_path)
     columns = list(PG if sink == "postgres" else CH)
     if sink == "postgres":
         with psycopg.connect(pg_dsn) as conn:
