@@ -136,16 +136,16 @@ class AvroDecoder(RegistryDecoder):
         if self._field == "key":
             assert store is not None
             ref, payload = wire.split(record, "key")
-            return read(payload, store.get(ref), ref)
+            return read(payload, store.prepared(ref), ref)
         value = record.value
         assert value is not None, "tombstones never reach a decoder"
         if store is None:
             return read(value, self._file_schema, self._file_what)
         if not record.headers and value[:1] == b"\x00" and len(value) >= 5:  # the common case, inline
             ref: wire.SchemaRef = int.from_bytes(value[1:5], "big")
-            return read(value, store.parsed.get(ref) or store.get(ref), ref, 5)
+            return read(value, store.prepared(ref), ref, 5)
         ref, payload = wire.split(record)
-        return read(payload, store.get(ref), ref)
+        return read(payload, store.prepared(ref), ref)
 
     def describe(self, record: Record | None) -> str | None:
         """Which schema wrote ``record`` (for map errors), None when it names none."""

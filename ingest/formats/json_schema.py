@@ -50,7 +50,7 @@ class JsonSchemaDecoder(RegistryDecoder):
 
     def decode(self, record: Record) -> Any:
         ref, payload = wire.split(record, self._field)
-        self._store.get(ref)  # type: ignore[union-attr]  # unknown_schema, or TransientError
+        self._store.prepared(ref)  # type: ignore[union-attr]  # unknown_schema (poison), schema_mismatch
         try:
             return orjson.loads(payload)
         except Exception as exc:  # noqa: BLE001 - JSONDecodeError

@@ -33,7 +33,7 @@ import keyword
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ingest.errors import InvalidRecord
+from ingest.errors import FatalPipelineError, InvalidRecord, TransientError
 from ingest.formats import wire
 from ingest.formats.registered import RegistryDecoder
 from ingest.formats.schemas import SchemaStore
@@ -98,8 +98,8 @@ def parse_protobuf(schema: Any, store: SchemaStore | None = None) -> ProtoSchema
         _add_references(schema, store, pool, set(), _is_builtin, _str_to_proto)
         file_proto = _str_to_proto("schema.proto", schema.schema_str)
         pool.Add(file_proto)
-    except ValueError:
-        raise
+    except (ValueError, TransientError, FatalPipelineError):
+        raise  # unusable (ValueError), or the registry could not give a reference now: not poison
     except Exception as exc:  # noqa: BLE001 - SerializationError, TypeError (a broken descriptor)
         raise ValueError(f"it does not build: {type(exc).__name__}: {exc}"[:300]) from None
     return ProtoSchema(pool, file_proto)
@@ -204,7 +204,7 @@ class ProtobufDecoder(RegistryDecoder):
             message_bytes: bytes | memoryview = data[6:]
         else:
             ref, indexes, message_bytes = wire.split_protobuf(record, self._field)
-        schema: ProtoSchema = store.parsed.get(ref) or store.get(ref)
+        schema: ProtoSchema = store.prepared(ref)
         try:
             cls, convert = schema.message(indexes)
         except (ValueError, KeyError) as exc:
@@ -215,7 +215,12 @@ class ProtobufDecoder(RegistryDecoder):
             raise InvalidRecord("decode", "schema_mismatch",
                                 f"record {self._field} does not parse as {cls.DESCRIPTOR.full_name} "
                                 f"({wire.ref_text(ref)}): {exc}"[:300]) from None
-        return convert(message)
+        try:
+            return convert(message)
+        except Exception as exc:  # noqa: BLE001 - OverflowError (a Timestamp past datetime), ValueError (NaN in a Struct)
+            raise InvalidRecord("decode", "schema_mismatch",
+                                f"record {self._field} has a value that cannot be converted ({wire.ref_text(ref)}): "
+                                f"{type(exc).__name__}: {exc}"[:300]) from None
 
 
 def has_path(descriptor: Any, steps: Sequence[tuple[bool, str | int]]) -> bool:

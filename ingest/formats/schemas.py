@@ -79,6 +79,18 @@ class SchemaStore:
             return parsed
         return self._fetch(ref)
 
+    def prepared(self, ref: SchemaRef) -> Any:
+        """The parsed schema of ``ref`` for decoding a record of a prepared chunk: what :meth:`prepare`
+        found -- the schema, or the poison it remembered (whatever its age: the chunk was judged with
+        it) -- so decoding makes no request. Only a reference nobody prepared is fetched now."""
+        parsed = self.parsed.get(ref)
+        if parsed is not None:
+            return parsed
+        poison = self._poison.get(ref)
+        if poison is not None:
+            raise poison[1]
+        return self._fetch(ref)
+
     def resolve(self, refs: Iterable[SchemaRef]) -> None:
         """Fetch every reference not yet known, so that decoding the records that name them makes no
         request. Raises TransientError / FatalPipelineError as :meth:`get`; poison ids are left for
@@ -179,10 +191,11 @@ class SchemaStore:
 
     def _remember_poison(self, ref: SchemaRef, error: InvalidRecord, *, forever: bool = False) -> Any:
         now = time.monotonic()
-        if len(self._poison) >= MAX_POISON:
-            self._poison = {r: p for r, p in self._poison.items() if p[0] > now}
-            if len(self._poison) >= MAX_POISON:
-                self._poison.clear()
+        if len(self._poison) >= MAX_POISON:  # expired entries first, then the oldest half (never fresh ones:
+            self._poison = {r: p for r, p in self._poison.items() if p[0] > now}  # a chunk being decoded
+            if len(self._poison) >= MAX_POISON:                                   # relies on them)
+                by_expiry = sorted(self._poison.items(), key=lambda item: item[1][0])
+                self._poison = dict(by_expiry[len(by_expiry) // 2:])
         self._poison[ref] = (float("inf") if forever else now + UNKNOWN_TTL_S, error)
         raise error
 

@@ -276,6 +276,8 @@ class Pipeline:
             now_ms = self._clock()
             if self._hold is not None and (records or self._hold.active):
                 held = self._hold.active
+                if held:  # only records of partitions still owned join a hold
+                    records = [r for r in records if self._tracker.epoch(Partition(r.topic, r.partition)) is not None]
                 records = self._hold.admit(records, now_ms)
                 if held or self._hold.active:
                     self._last_activity_ms = now_ms  # holding is not idling
@@ -293,10 +295,8 @@ class Pipeline:
                 if self._on_progress is not None:
                     self._on_progress(self.stats)
             return not self._finished(now_ms, source)
-        except TransientError as exc:
-            self._fatal = FatalPipelineError(f"pipeline {self.settings.name!r}: {exc}")
-            return False
-        except FatalPipelineError as exc:  # e.g. the decoder's schema registry holds nothing at all
+        except (TransientError, FatalPipelineError) as exc:  # retries ran out; a registry holding nothing
+            self._crashed = True  # a chunk may be half tracked: commit no position past it
             self._fatal = FatalPipelineError(f"pipeline {self.settings.name!r}: {exc}")
             return False
 

@@ -68,7 +68,7 @@ from ingest.core.mapping.getters import (
     _path_getter,
     _render_key,
 )
-from ingest.errors import InvalidRecord
+from ingest.errors import IngestError, InvalidRecord
 from ingest.formats.base import Decoder
 from ingest.formats.json import JsonDecoder
 from ingest.types import Record
@@ -241,7 +241,13 @@ class Mapper:
             raise InvalidRecord("decode", "tombstone", "record value is null (tombstone)")
         doc: Any = None
         if self._needs_json:
-            doc = self._decoder.decode(record)  # InvalidRecord (stage decode) for bytes that do not decode
+            try:
+                doc = self._decoder.decode(record)  # InvalidRecord (stage decode) for bytes that do not decode
+            except IngestError:
+                raise  # InvalidRecord; TransientError / FatalPipelineError: the registry, not the record
+            except Exception as exc:  # noqa: BLE001 - a decoder's bug must not crash the pipeline
+                raise InvalidRecord("decode", "undecodable",
+                                    f"record value could not be decoded: {type(exc).__name__}: {exc}"[:300]) from None
             if self._needs_object and type(doc) is not dict:
                 raise InvalidRecord(
                     "map", "not_an_object", f"record value must be {self._decoder.document}, got {_json_kind(doc)}"
@@ -264,7 +270,7 @@ class Mapper:
         except _Bad as exc:
             raise InvalidRecord("map", exc.error_class, _context(name, source) + exc.detail + self._written_by(record)
                                 ) from None
-        except InvalidRecord:  # a key that does not decode (@key.$ sources)
+        except IngestError:  # a key that does not decode (@key.$ sources), or the registry is down
             raise
         except Exception as exc:  # noqa: BLE001 - defensive: never let a record crash the pipeline
             detail = f"internal mapping error {type(exc).__name__}: {exc}"[:300]
