@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from ingest.config.base import Frozen
 
@@ -59,6 +59,12 @@ class SchemaRegistrySettings(Frozen):
         if value is not None and not info.data.get("username"):
             raise ValueError("password needs username")
         return value
+
+    @model_validator(mode="after")
+    def _client_certificate(self) -> SchemaRegistrySettings:
+        if (self.ssl_key_location or self.ssl_key_password) and not self.ssl_certificate_location:
+            raise ValueError("ssl_key_location / ssl_key_password need ssl_certificate_location")
+        return self
 
     def client_config(self) -> dict[str, Any]:
         """confluent-kafka's ``SchemaRegistryClient`` configuration, secrets included (only for building

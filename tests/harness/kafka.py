@@ -150,7 +150,8 @@ def produce(bootstrap: str, topic: str, records: Iterable[Record], *, partition:
             timeout_s: float = 60.0, config: Mapping[str, Any] | None = None) -> int:
     """Produce ``records`` with an idempotent producer (``linger.ms=5``); flush; return the count.
 
-    ``records`` holds ``(key, value)`` or ``(key, value, partition)`` tuples; a
+    ``records`` holds ``(key, value)``, ``(key, value, partition)`` or ``(key, value, partition,
+    headers)`` tuples (``headers``: a list of ``(name, bytes)``; partition may be None); a
     per-record partition wins over ``partition``, and ``None`` for both lets the
     producer's partitioner choose by key. ``config`` adds or overrides producer
     settings. Raises if any delivery failed or did not complete within
@@ -171,7 +172,11 @@ def produce(bootstrap: str, topic: str, records: Iterable[Record], *, partition:
     count = 0
     try:
         for rec in records:
-            if len(rec) == 3:
+            headers = None
+            if len(rec) == 4:
+                key, value, part, headers = rec  # type: ignore[misc]
+                part = partition if part is None else part
+            elif len(rec) == 3:
                 key, value, part = rec  # type: ignore[misc]
             else:
                 key, value = rec  # type: ignore[misc]
@@ -179,6 +184,8 @@ def produce(bootstrap: str, topic: str, records: Iterable[Record], *, partition:
             kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": on_delivery}
             if part is not None:
                 kwargs["partition"] = part
+            if headers:
+                kwargs["headers"] = headers
             while True:
                 try:
                     producer.produce(topic, **kwargs)

@@ -13,18 +13,36 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 
-def client(url: str) -> SchemaRegistryClient:
-    return SchemaRegistryClient({"url": url})
+def client(url: str, conf: Mapping[str, Any] | None = None) -> SchemaRegistryClient:
+    """The real client for ``url`` (``conf``: more client settings, e.g. ``basic.auth.user.info``)."""
+    return SchemaRegistryClient({"url": url, **dict(conf or {})})
 
 
 def avro_values(url: str, topic: str, schema: str, docs: Iterable[Mapping[str, Any]], *,
-                conf: Mapping[str, Any] | None = None, field: str = "value") -> list[bytes]:
+                conf: Mapping[str, Any] | None = None, field: str = "value",
+                client_conf: Mapping[str, Any] | None = None) -> list[bytes]:
     """``docs`` encoded with ``AvroSerializer(schema)`` for ``topic``'s value (or key) subject."""
     from confluent_kafka.schema_registry.avro import AvroSerializer
 
-    serializer = AvroSerializer(client(url), schema, conf=dict(conf or {}))
+    serializer = AvroSerializer(client(url, client_conf), schema, conf=dict(conf or {}))
     ctx = SerializationContext(topic, MessageField.VALUE if field == "value" else MessageField.KEY)
     return [serializer(dict(doc), ctx) for doc in docs]
+
+
+def avro_values_with_id_headers(url: str, topic: str, schema: str, docs: Iterable[Mapping[str, Any]], *,
+                                conf: Mapping[str, Any] | None = None) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
+    """``docs`` encoded with the schema's GUID in a ``__value_schema_id`` header (confluent-kafka's
+    ``header_schema_id_serializer``): ``(bare Avro value, headers)`` pairs."""
+    from confluent_kafka.schema_registry import header_schema_id_serializer
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+
+    serializer = AvroSerializer(client(url, conf), schema, conf={"schema.id.serializer": header_schema_id_serializer})
+    out = []
+    for doc in docs:
+        headers: list[tuple[str, bytes]] = []
+        value = serializer(dict(doc), SerializationContext(topic, MessageField.VALUE, headers))
+        out.append((value, headers))
+    return out
 
 
 def json_schema_values(url: str, topic: str, schema: str, docs: Iterable[Mapping[str, Any]], *,

@@ -23,7 +23,8 @@ from fastavro import parse_schema, schemaless_writer
 from formats_helpers import format_config, migrate, run_until_idle
 from harness import run_ingest, start_ingest, write_config
 from harness.kafka import TEST_CONSUMER_SETTINGS, committed_offsets, produce
-from harness.serde import avro_values
+from harness.schema_registry import SchemaRegistryStandIn
+from harness.serde import avro_values, avro_values_with_id_headers
 from pipeline_helpers import dlq_rows, log_events, wait_until
 
 UTC = dt.timezone.utc
@@ -511,3 +512,56 @@ def test_columns_and_the_ordering_key_read_into_a_decoded_key(key_format, tmp_pa
     assert [(d["stage"], d["error_class"]) for d in dead] == [
         ("decode", "bad_magic_byte" if key_format == "avro" else "invalid_utf8")]
     assert "record key" in dead[0]["error_message"]
+
+
+def test_schema_guids_in_headers_are_looked_up_by_guid(tmp_path, kafka_bootstrap, pg_dsn, new_topic, group_id,
+                                                       schema_registry):
+    """confluent-kafka's header_schema_id_serializer: the value is bare Avro, a ``__value_schema_id``
+    header holds magic byte 1 + the schema's GUID."""
+    topic = new_topic(partitions=1)
+    encoded = avro_values_with_id_headers(schema_registry.url, topic, json.dumps(EVOLVING[0]),
+                                          [{"order_id": i, "status": f"h{i}", "legacy": ""} for i in range(5)])
+    assert all(h[0][0] == "__value_schema_id" and h[0][1][0] == 1 for _, h in encoded)
+    produce(kafka_bootstrap, topic, [(str(i).encode(), v, None, h) for i, (v, h) in enumerate(encoded)])
+    columns = {"order_id": {"type": "bigint", "required": True}, "status": {"type": "text"}}
+    _run(_migrate(tmp_path, _config(bootstrap=kafka_bootstrap, topic=topic, group=group_id, dsn=pg_dsn,
+                                    registry=schema_registry.url, columns=columns, table="orders",
+                                    conflict_key=("order_id",))), tmp_path)
+    assert dlq_rows(pg_dsn) == []
+    assert {r["order_id"]: r["status"] for r in _rows(pg_dsn, "SELECT * FROM orders")} == {
+        i: f"h{i}" for i in range(5)}
+    assert schema_registry.requests["schemas/guids"] == 1
+
+
+def test_basic_auth_works_and_the_password_is_never_printed(tmp_path, kafka_bootstrap, pg_dsn, new_topic, group_id):
+    password = "p@ss:w0rd %$ 'quoted'"
+    registry = SchemaRegistryStandIn(user="ingest", password=password)
+    try:
+        topic = new_topic(partitions=1)
+        values = avro_values(registry.url, topic, json.dumps(EVOLVING[0]),
+                             [{"order_id": i, "status": "s", "legacy": ""} for i in range(3)],
+                             client_conf={"basic.auth.user.info": f"ingest:{password}"})
+        produce(kafka_bootstrap, topic, [(str(i).encode(), v) for i, v in enumerate(values)])
+        columns = {"order_id": {"type": "bigint", "required": True}, "status": {"type": "text"}}
+
+        def cfg(secret: str, group: str) -> dict[str, Any]:
+            c = _config(bootstrap=kafka_bootstrap, topic=topic, group=group, dsn=pg_dsn, registry=None,
+                        columns=columns, table="orders", conflict_key=("order_id",),
+                        retry={"max_attempts": 2, "initial_backoff_ms": 50, "max_backoff_ms": 100})
+            c["schema_registry"] = {"url": registry.url, "username": "ingest", "password": secret}
+            return c
+
+        res = _run(_migrate(tmp_path, cfg(password, group_id)), tmp_path)
+        assert _rows(pg_dsn, "SELECT count(*) AS n FROM orders")[0]["n"] == 3
+        wrong = password + "-wrong"
+        path = write_config(tmp_path / "wrong", cfg(wrong, group_id + "-2"))
+        failed = run_ingest(["run", "-c", path, "--until-idle", "2", "--metrics-port", "0", "--log-level", "debug"],
+                            timeout_s=120, log_dir=tmp_path)
+        checked = run_ingest(["check", "-c", path], timeout_s=60, log_dir=tmp_path)
+        assert failed.returncode == 1 and "HTTP 401" in failed.stderr, failed.stderr[-2000:]
+        assert checked.returncode == 3 and "HTTP 401" in checked.stderr, checked.stderr[-2000:]
+        for out in (res.stdout, res.stderr, failed.stdout, failed.stderr, checked.stdout, checked.stderr):
+            assert password not in out and wrong not in out and "w0rd" not in out
+        assert dlq_rows(pg_dsn) == []
+    finally:
+        registry.stop()
