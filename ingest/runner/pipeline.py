@@ -50,8 +50,6 @@ Stepping
 from __future__ import annotations
 
 import logging
-import operator
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -63,11 +61,11 @@ from ingest.core.dlq_guard import DlqGuard
 from ingest.core.hotkeys import LaneLoad
 from ingest.core.mapping import Mapper
 from ingest.core.offsets import OffsetTracker
-from ingest.core.routing import LaneRouter, key_bytes
-from ingest.errors import FatalPipelineError, InvalidRecord, TransientError
+from ingest.errors import FatalPipelineError, TransientError
 from ingest.formats.base import Decoder, prepare_all
 from ingest.metrics import Metrics, PipelineMetrics
 from ingest.retry import retrying
+from ingest.runner.accept import Acceptor
 from ingest.runner.batching import LaneBatchers
 from ingest.runner.commits import Committer, OffsetStore
 from ingest.runner.drain import DrainWatch, describe
@@ -78,14 +76,10 @@ from ingest.runner.observe import Observer
 from ingest.runner.stats import PipelineStats
 from ingest.scheduler import WriteScheduler
 from ingest.sources.base import Source, SourceFactory
-from ingest.types import Failure, Item, Partition, Record
+from ingest.types import Partition
 from ingest.writer import BatchWriter, Completion
 
 log = logging.getLogger(__name__)
-
-#: One record in this many feeds the hot-key sketch: shares stay unbiased, the cost per record drops 16×.
-HOT_KEY_SAMPLE = 16
-
 
 def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
@@ -138,12 +132,7 @@ class Pipeline:
         self._drain = (None if options.until_idle_s is None
                        else DrainWatch(settings.name, options.until_idle_s, options.drain_timeout_s))
 
-        self._mapper = Mapper(settings.sink.columns, settings.key, decoder=decoder, key_decoder=key_decoder)
         prepare = prepare_all(decoder, key_decoder)
-        self._router = LaneRouter(settings.lanes, settings.unkeyed)
-        # Records of one row go to one lane: by the sink's key when it has one (ingest.core.routing).
-        key_index = settings.sink.collapse_rule().key_index
-        self._row_key: Callable[[tuple], object] | None = operator.itemgetter(*key_index) if key_index else None
         self._tracker: OffsetTracker[Partition] = OffsetTracker()
         self._lanes: LanePool = lanes or ThreadedLanes(settings.name, settings.lanes, writer,
                                                        scheduler=scheduler, priority=settings.priority)
@@ -163,9 +152,11 @@ class Pipeline:
                       if prepare is not None else None)
         self._batching = LaneBatchers(settings.lanes, settings.batch, pool=self._lanes, flow=self._flow,
                                       stats=self.stats, metrics=self.metrics, clock=clock)
-        #: hot-key sketch fed with every HOT_KEY_SAMPLE-th record (unbiased shares, bounded cost)
-        self._rng = random.Random()
-        self._sample_countdown = HOT_KEY_SAMPLE
+        #: maps, tracks and routes each polled chunk (the hot path)
+        self._acceptor = Acceptor(settings, Mapper(settings.sink.columns, settings.key, decoder=decoder,
+                                                   key_decoder=key_decoder),
+                                  tracker=self._tracker, batching=self._batching, load=self._load, stats=self.stats,
+                                  metrics=self.metrics, deterministic=offset_store is not None)
         self._last_commit_ms = 0
         self._last_activity_ms = 0
         self._assigned_once = False
@@ -285,7 +276,7 @@ class Pipeline:
                 self._last_activity_ms = now_ms
                 if self.stats.first_record_s is None:
                     self.stats.first_record_s = time.monotonic()
-                self._accept(records, now_ms)
+                self._acceptor.accept(records, now_ms)
             self._batching.flush_due(now_ms)
             if now_ms - self._last_commit_ms >= self.settings.commit_interval_ms:
                 self._drain_completions()
@@ -306,91 +297,6 @@ class Pipeline:
         if self._fatal is not None:
             raise self._fatal if isinstance(self._fatal, FatalPipelineError) else FatalPipelineError(str(self._fatal))
         return self.stats
-
-    def _accept(self, records: list[Record], now_ms: int) -> None:
-        """Track, map and route one polled chunk. The hot path: keep it lean.
-
-        Offsets are tracked per run of one partition (records arrive in such runs)
-        with one ``track_many`` call, before anything of the run can complete:
-        completions are applied on this thread, after ``_accept`` returns.
-
-        Deliberately one long loop: it binds what it uses to locals once per
-        chunk and makes no helper call per record that it can avoid, since
-        every record of every pipeline passes through it.
-        """
-        tracker = self._tracker
-        map_record = self._mapper.map
-        lane_of = self._router.lane
-        row_key = self._row_key
-        row_key_bytes = key_bytes
-        skip_tombstones = self.settings.tombstones == "skip"
-        deterministic = self._exactly_once  # exactly-once needs replay-stable routing
-        spread_unkeyed = self.settings.unkeyed == "round_robin"  # unkeyed records are not one hot key
-        n_lanes = len(self._batching)
-        # This chunk's items and sizes per lane, handed to the batchers in bulk at the end.
-        lane_items: list[list[Item]] = [[] for _ in range(n_lanes)]
-        lane_sizes: list[list[int]] = [[] for _ in range(n_lanes)]
-        self.stats.records_consumed += len(records)
-        self.metrics.records_consumed.inc(len(records))
-        topic: str | None = None
-        partition = -1
-        tp = Partition("", -1)
-        epoch: int | None = None
-        last_offset = -1
-        run: list[int] = []
-        skipped: list[tuple[Partition, int, int]] = []  # tombstones done at once: (tp, offset, epoch)
-        for rec in records:
-            if rec.partition != partition or rec.topic != topic:  # a new run of one partition
-                if run:
-                    tracker.track_many(tp, run)  # so that last_tracked below sees it
-                    run = []
-                topic, partition = rec.topic, rec.partition
-                tp = Partition(topic, partition)
-                epoch = tracker.epoch(tp)
-                last = tracker.last_tracked(tp)
-                last_offset = -1 if last is None else last
-            if epoch is None:
-                continue  # not assigned any more (revoked during this poll)
-            offset = rec.offset
-            if offset <= last_offset:
-                log.warning("offset went backwards; ignoring redelivery", extra={"partition": str(tp), "offset": offset})
-                continue
-            last_offset = offset
-            run.append(offset)
-            value = rec.value
-            if value is None and skip_tombstones:
-                skipped.append((tp, offset, epoch))
-                continue
-            record_key = rec.key
-            size = (len(value) if value is not None else 0) + (len(record_key) if record_key is not None else 0) + 64
-            try:
-                row, key = map_record(rec)
-                if row_key is not None:
-                    key = row_key_bytes(row_key(row))
-                item = Item(rec, row, None, epoch, size)
-            except InvalidRecord as exc:
-                item = Item(rec, None, Failure(exc.stage, exc.error_class, exc.message), epoch, size)
-                key = record_key
-            if n_lanes == 1:
-                lane = 0
-            else:
-                lane = lane_of(key) if key is not None or not deterministic else offset % n_lanes
-            lane_items[lane].append(item)
-            lane_sizes[lane].append(size)
-            self._sample_countdown -= 1
-            if self._sample_countdown == 0:
-                # A random gap (mean HOT_KEY_SAMPLE) so periodic key patterns cannot alias with the sampler.
-                self._sample_countdown = self._rng.randint(1, 2 * HOT_KEY_SAMPLE - 1)
-                if key is not None or not spread_unkeyed:
-                    self._load.observe(lane, key, size)
-        if run:
-            tracker.track_many(tp, run)
-        for skipped_tp, offset, skipped_epoch in skipped:
-            tracker.done(skipped_tp, offset, skipped_epoch)
-        self.stats.skipped += len(skipped)
-        for lane, items in enumerate(lane_items):
-            if items:
-                self._batching.buffer(lane, items, lane_sizes[lane], now_ms)
 
     # -- completions -----------------------------------------------------------------
     def _drain_completions(self, timeout_s: float | None = None) -> bool:

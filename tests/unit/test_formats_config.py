@@ -199,7 +199,7 @@ def test_client_config_carries_tls_settings() -> None:
 
 def test_the_passwords_never_appear_in_repr_or_dumps(tmp_path: Path) -> None:
     s = load(tmp_path, with_registry(config(format="avro"), username="user", password=PASSWORD,
-                                     ssl_key_password=KEY_PASSWORD))
+                                     ssl_certificate_location="/c.pem", ssl_key_password=KEY_PASSWORD))
     registry = s.schema_registry
     assert registry is not None
     for text in (repr(registry), str(registry), registry.model_dump_json(), json.dumps(registry.model_dump(),
@@ -215,8 +215,13 @@ def test_the_passwords_never_appear_in_repr_or_dumps(tmp_path: Path) -> None:
 
 def test_loading_registers_the_registry_passwords_for_masking(tmp_path: Path) -> None:
     load(tmp_path, with_registry(config(format="avro"), username="user", password=PASSWORD,
-                                 ssl_key_password=KEY_PASSWORD))
+                                 ssl_certificate_location="/c.pem", ssl_key_password=KEY_PASSWORD))
     assert scrub(f"401 for user:{PASSWORD} / {KEY_PASSWORD}") == f"401 for user:{MASK} / {MASK}"
+
+
+def test_a_tls_key_needs_its_certificate(tmp_path: Path) -> None:
+    message = error_of(tmp_path, with_registry(config(format="avro"), ssl_key_password=KEY_PASSWORD))
+    assert "ssl_certificate_location" in message and KEY_PASSWORD not in message
 
 
 @pytest.mark.parametrize("field,value", [("timeout_s", 0), ("timeout_s", 301), ("cache_capacity", 0),
