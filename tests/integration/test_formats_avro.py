@@ -565,3 +565,38 @@ def test_basic_auth_works_and_the_password_is_never_printed(tmp_path, kafka_boot
         assert dlq_rows(pg_dsn) == []
     finally:
         registry.stop()
+
+
+def test_registry_down_when_a_new_schema_appears_mid_run(tmp_path, kafka_bootstrap, pg_dsn, new_topic, group_id,
+                                                         schema_registry):
+    """The run is under way with v1 cached; the registry goes down; records of a new schema version
+    arrive: they are held (partitions paused, nothing dead-lettered, nothing of them committed) until
+    the registry is back, while the v1 records before them are written."""
+    topic = new_topic(partitions=2)
+    url = schema_registry.url
+    v1 = avro_values(url, topic, json.dumps(EVOLVING[0]),
+                     [{"order_id": i, "status": "v1", "legacy": ""} for i in range(200)])
+    v2 = avro_values(url, topic, json.dumps(EVOLVING[1]),
+                     [{"order_id": i, "status": "v2", "legacy": "", "channel": "app"} for i in range(200, 400)])
+    produce(kafka_bootstrap, topic, [(str(i).encode(), v) for i, v in enumerate(v1)])
+    columns = {"order_id": {"type": "bigint", "required": True}, "status": {"type": "text"},
+               "channel": {"type": "text"}}
+    path = _migrate(tmp_path, _config(bootstrap=kafka_bootstrap, topic=topic, group=group_id, dsn=pg_dsn,
+                                      registry=url, columns=columns, table="orders", conflict_key=("order_id",),
+                                      retry={"max_attempts": 0, "initial_backoff_ms": 100, "max_backoff_ms": 400}))
+    proc = start_ingest(["run", "-c", path, "--until-idle", "3", "--metrics-port", "0"], log_dir=tmp_path)
+    count = "SELECT count(*) AS n FROM orders"
+    wait_until(lambda: _rows(pg_dsn, count)[0]["n"] == 200, 90, what="the v1 rows", proc=proc)
+    schema_registry.stop()
+    produce(kafka_bootstrap, topic, [(str(200 + i).encode(), v) for i, v in enumerate(v2)])
+    wait_until(lambda: any(e.get("event") == "schema registry unavailable: holding records, partitions paused"
+                           for e in log_events(proc)), 60, what="the hold", proc=proc)
+    assert proc.poll() is None, proc.describe()
+    assert _rows(pg_dsn, count)[0]["n"] == 200 and dlq_rows(pg_dsn) == []
+    committed = committed_offsets(kafka_bootstrap, group_id, topic)
+    assert sum(committed.values()) <= 200, committed  # nothing of the held v2 records
+    schema_registry.start()
+    assert proc.wait(120) == 0, proc.describe()
+    rows = {r["order_id"]: (r["status"], r["channel"]) for r in _rows(pg_dsn, "SELECT * FROM orders")}
+    assert rows == {**{i: ("v1", None) for i in range(200)}, **{i: ("v2", "app") for i in range(200, 400)}}
+    assert dlq_rows(pg_dsn) == []
