@@ -60,6 +60,44 @@ def event_avro_doc(i: int, key: int) -> dict[str, Any]:
     return doc
 
 
+def event_message_class() -> Any:
+    """The benchmark record as a Protobuf message class ``bench.Event`` (proto3; built from a descriptor, as
+    there is no protoc here): ``id`` and ``user`` int64, ``kind`` string, ``amount`` string (the decimal as
+    text), ``ts`` a ``google.protobuf.Timestamp``. The columns the benches map it to are the same as for
+    JSON (bigint, bigint, text, numeric(12,2), timestamptz)."""
+    from google.protobuf import (
+        descriptor_pb2,
+        descriptor_pool,
+        message_factory,
+        timestamp_pb2,
+    )
+
+    field = descriptor_pb2.FieldDescriptorProto
+    fd = descriptor_pb2.FileDescriptorProto(name="bench/event.proto", package="bench", syntax="proto3",
+                                            dependency=["google/protobuf/timestamp.proto"])
+    msg = fd.message_type.add(name="Event")
+    for number, (name, kind, type_name) in enumerate(
+            [("id", field.TYPE_INT64, None), ("user", field.TYPE_INT64, None), ("kind", field.TYPE_STRING, None),
+             ("amount", field.TYPE_STRING, None), ("ts", field.TYPE_MESSAGE, ".google.protobuf.Timestamp")], 1):
+        f = msg.field.add(name=name, number=number, type=kind, label=field.LABEL_OPTIONAL)
+        if type_name:
+            f.type_name = type_name
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    pool.Add(fd)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("bench.Event"))
+
+
+def event_message(cls: Any, i: int, key: int) -> Any:
+    """:func:`event`'s record as a message of ``cls`` (:func:`event_message_class`), with exactly the values
+    of :func:`event_avro_doc`: ``amount`` the text of its 2-decimal Decimal (``"0.29"``, ``"0.00"``), ``ts``
+    its UTC datetime (whole milliseconds, so exact in a Timestamp)."""
+    doc = event_avro_doc(i, key)
+    message = cls(id=doc["id"], user=doc["user"], kind=doc["kind"], amount=str(doc["amount"]))
+    message.ts.FromDatetime(doc["ts"])
+    return message
+
+
 def create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for fut in admin.create_topics([NewTopic(topic, partitions, 1)]).values():

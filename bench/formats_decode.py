@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/formats_decode.py [--records 20000] [--rounds 5]
 
-The end-to-end benchmark (``pg_pipeline.py --format both``) says how much slower a whole run
+The end-to-end benchmark (``pg_pipeline.py --format all``) says how much slower a whole run
 is; this one says where the difference comes from. The same records (bench/common.py's event:
 id, user, kind, amount, ts) are encoded once per format -- JSON, Avro with the natural types
 (decimal(12,2), timestamp-millis) by confluent-kafka's AvroSerializer, Protobuf (int64, string,
@@ -31,7 +31,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests"), str(ROOT)]
 
 import orjson  # noqa: E402
-from common import EVENT_AVRO_SCHEMA, event, event_avro_doc  # noqa: E402
+from common import (  # noqa: E402
+    EVENT_AVRO_SCHEMA,
+    event,
+    event_avro_doc,
+    event_message,
+    event_message_class,
+)
 from harness.schema_registry import SchemaRegistryStandIn  # noqa: E402
 from harness.serde import avro_values, json_schema_values, protobuf_values  # noqa: E402
 from pg_pipeline import COLUMNS  # noqa: E402  (the end-to-end bench's columns)
@@ -46,31 +52,6 @@ EVENT_JSON_SCHEMA = orjson.dumps({
     "type": "object", "properties": {"id": {"type": "integer"}, "user": {"type": "integer"},
                                      "kind": {"type": "string"}, "amount": {"type": "number"},
                                      "ts": {"type": "integer"}}}).decode()
-
-
-def _event_message_class() -> Any:
-    """The benchmark record as a Protobuf message (built from a descriptor: no protoc here)."""
-    from google.protobuf import (
-        descriptor_pb2,
-        descriptor_pool,
-        message_factory,
-        timestamp_pb2,
-    )
-
-    field = descriptor_pb2.FieldDescriptorProto
-    fd = descriptor_pb2.FileDescriptorProto(name="bench/event.proto", package="bench", syntax="proto3",
-                                            dependency=["google/protobuf/timestamp.proto"])
-    msg = fd.message_type.add(name="Event")
-    for number, (name, kind, type_name) in enumerate(
-            [("id", field.TYPE_INT64, None), ("user", field.TYPE_INT64, None), ("kind", field.TYPE_STRING, None),
-             ("amount", field.TYPE_STRING, None), ("ts", field.TYPE_MESSAGE, ".google.protobuf.Timestamp")], 1):
-        f = msg.field.add(name=name, number=number, type=kind, label=field.LABEL_OPTIONAL)
-        if type_name:
-            f.type_name = type_name
-    pool = descriptor_pool.DescriptorPool()
-    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
-    pool.Add(fd)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("bench.Event"))
 
 
 class _Pipeline:
@@ -103,13 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = SchemaRegistrySettings(url=registry.url)
     topic = "bench-formats"
     docs = [orjson.loads(event(i, i % (n // 3 or 1))) for i in range(n)]
-    event_class = _event_message_class()
-    messages = []
-    for i, doc in enumerate(docs):
-        avro_doc = event_avro_doc(i, doc["id"])
-        message = event_class(id=doc["id"], user=doc["user"], kind=doc["kind"], amount=str(avro_doc["amount"]))
-        message.ts.FromDatetime(avro_doc["ts"])
-        messages.append(message)
+    event_class = event_message_class()
+    messages = [event_message(event_class, i, doc["id"]) for i, doc in enumerate(docs)]
     encoded = {
         "json": [orjson.dumps(d) for d in docs],
         "avro": avro_values(registry.url, topic, EVENT_AVRO_SCHEMA, [event_avro_doc(i, d["id"])

@@ -1,7 +1,7 @@
 """Kafka → PostgreSQL benchmark: end-to-end beside its bounds, measured in one run.
 
     .venv/bin/python bench/pg_pipeline.py [--records 200000] [--naive-records 5000] [--rounds 3]
-                                          [--format json|avro|both]
+                                          [--format json|avro|protobuf|both|all]
 
 Starts an embedded broker (Tansu) and uses ``$INGEST_PG_DSN`` or an embedded
 PostgreSQL (pgserver), produces one topic of JSON records (6 partitions, ~110 B
@@ -32,13 +32,17 @@ puts on end to end: cores / (cpu_a + cpu_b).
 same records, keys and partitions, values made by confluent-kafka's own AvroSerializer against the
 Schema Registry stand-in of tests/harness/schema_registry.py, which the script starts), with
 ``format: avro`` and a ``schema_registry`` section in an otherwise identical configuration.
+``--format protobuf`` does the same with Protobuf (bench/common.py's ``bench.Event`` message: the
+decimal as text, ``ts`` a Timestamp; one ProtobufSerializer for every record) and ``format: protobuf``.
 (a)-(d) always measure the JSON stream: the decoded rows are the same, so (b) and (c) do not
 depend on the format. ``--format both`` runs every (e) on both streams, JSON and Avro back to
 back in each round (their order alternating per round), prints the JSON table as ``--format
 json`` does and then one table of both formats: records/s (best, median) and ingest's own CPU
-per record (median) per configuration, and the ratios Avro/JSON of the medians. With Avro, the
-script checks that each Avro end-to-end table (and, with ``both``, each JSON one) holds the
-stream's last record per key, and exits non-zero when it does not.
+per record (median) per configuration, and the ratios Avro/JSON of the medians. ``--format all``
+does the same with JSON, Avro and Protobuf (their order rotating per round), adding Protobuf rows
+and the ratios Protobuf/JSON. With Avro or Protobuf, the script checks that each of their
+end-to-end tables (and, with ``both`` or ``all``, each JSON one) holds the stream's last record
+per key, and exits non-zero when it does not.
 """
 
 from __future__ import annotations
@@ -80,6 +84,8 @@ from common import (  # noqa: E402
     cpu_cap,
     create_topic,
     event_avro_doc,
+    event_message,
+    event_message_class,
     produce,
     run_measured,
 )
@@ -99,6 +105,13 @@ COLUMNS = {
 
 #: Values of the configured columns in a mapped row (the sink appends its hidden source columns).
 WIDTH = len(COLUMNS)
+
+#: ``--format`` → the formats end to end reads, in the order of their first round.
+FORMATS = {"json": ["json"], "avro": ["avro"], "protobuf": ["protobuf"], "both": ["json", "avro"],
+           "all": ["json", "avro", "protobuf"]}
+#: The formats read through the Schema Registry (the script then starts its stand-in).
+REGISTRY_FORMATS = ("avro", "protobuf")
+NAMES = {"json": "JSON", "avro": "Avro", "protobuf": "Protobuf"}
 
 
 def make_table(dsn: str, name: str, keyed: bool) -> None:
@@ -168,9 +181,10 @@ def naive(bootstrap: str, topic: str, dsn: str, mapper: Mapper, n: int) -> float
     return elapsed
 
 
-def e2e_config(bootstrap: str, topic: str, dsn: str, table: str, lanes: int, registry_url: str | None = None) -> dict:
-    """The end-to-end configuration; with ``registry_url``, the same one reading Avro (``format: avro``,
-    schemas from that Schema Registry)."""
+def e2e_config(bootstrap: str, topic: str, dsn: str, table: str, lanes: int, registry_url: str | None = None,
+               fmt: str = "avro") -> dict:
+    """The end-to-end configuration; with ``registry_url``, the same one reading ``fmt`` (``avro`` or
+    ``protobuf``; schemas from that Schema Registry)."""
     cfg = {
         "kafka": {"bootstrap_servers": bootstrap, "client": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}},
         "pipelines": [{
@@ -182,7 +196,7 @@ def e2e_config(bootstrap: str, topic: str, dsn: str, table: str, lanes: int, reg
     }
     if registry_url is not None:
         cfg["schema_registry"] = {"url": registry_url}
-        cfg["pipelines"][0]["format"] = "avro"
+        cfg["pipelines"][0]["format"] = fmt
     return cfg
 
 
@@ -210,6 +224,27 @@ def produce_avro(bootstrap: str, topic: str, n: int, registry_url: str) -> None:
     produce(bootstrap, topic, n, value=lambda i, key: serializer(event_avro_doc(i, key), ctx))
 
 
+def produce_protobuf(bootstrap: str, topic: str, n: int, registry_url: str) -> None:
+    """The same records as Protobuf in the wire format: :func:`common.event_message` (the values of
+    :func:`common.event_avro_doc`), one ProtobufSerializer (registering ``bench/event.proto`` under
+    ``<topic>-value``, its Timestamp import as a reference, on its first call) reused for every record."""
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from harness.serde import client
+
+    cls = event_message_class()
+    serializer = ProtobufSerializer(cls, client(registry_url), conf={"use.deprecated.format": False})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    produce(bootstrap, topic, n, value=lambda i, key: serializer(event_message(cls, i, key), ctx))
+
+
+#: ``format`` → how to produce the stream of it (JSON's is the main topic, produced first).
+PRODUCERS = {"avro": produce_avro, "protobuf": produce_protobuf}
+PRODUCED_AS = {"avro": "AvroSerializer", "protobuf": "ProtobufSerializer"}
+
+
 def check_table(dsn: str, table: str, expected: dict) -> int:
     """Whether ``table``'s configured columns hold exactly ``expected`` (event_id → row); its row count.
     Raises SystemExit naming the first difference otherwise."""
@@ -230,7 +265,8 @@ def run_command(path: Path, processes: int, summary: Path | None = None) -> list
     return cmd + (["--summary-json", str(summary)] if summary is not None else [])
 
 
-def idle_cpu_s(bootstrap: str, dsn: str, lanes: int, processes: int, registry_url: str | None = None) -> float:
+def idle_cpu_s(bootstrap: str, dsn: str, lanes: int, processes: int, registry_url: str | None = None,
+               fmt: str = "avro") -> float:
     """CPU-seconds of ``ingest run`` (its own processes only) on an empty topic: start-up, group join
     and the idle wait, which the end-to-end runs also pay; subtracted to give ingest's CPU per record."""
     topic = f"bench-idle-{uuid.uuid4().hex[:8]}"
@@ -239,17 +275,17 @@ def idle_cpu_s(bootstrap: str, dsn: str, lanes: int, processes: int, registry_ur
     make_table(dsn, table, keyed=True)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "idle.yaml"
-        path.write_text(yaml.safe_dump(e2e_config(bootstrap, topic, dsn, table, lanes, registry_url)))
+        path.write_text(yaml.safe_dump(e2e_config(bootstrap, topic, dsn, table, lanes, registry_url, fmt)))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         return run_measured(run_command(path, processes), env=env)
 
 
 def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int = 1,
-               registry_url: str | None = None) -> dict:
-    """``ingest run`` of ``topic`` (Avro with ``registry_url``, else JSON) into a fresh table."""
-    table = f"bench_e2e_{lanes}_{processes}" if registry_url is None else f"bench_e2e_avro_{lanes}_{processes}"
+               registry_url: str | None = None, fmt: str = "avro") -> dict:
+    """``ingest run`` of ``topic`` (``fmt``, Avro or Protobuf, with ``registry_url``; else JSON) into a fresh table."""
+    table = f"bench_e2e_{lanes}_{processes}" if registry_url is None else f"bench_e2e_{fmt}_{lanes}_{processes}"
     make_table(dsn, table, keyed=True)
-    cfg = e2e_config(bootstrap, topic, dsn, table, lanes, registry_url)
+    cfg = e2e_config(bootstrap, topic, dsn, table, lanes, registry_url, fmt)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -280,28 +316,36 @@ def best_and_median(values: list[float]) -> tuple[float, float]:
 
 def compare_formats(runs: dict[str, dict[str, list[dict]]], idles: dict[str, dict[str, float]], n: int,
                     rounds: int, dsn: str, rows: list[tuple]) -> None:
-    """The formats' end-to-end figures side by side (and, with both, the ratios Avro/JSON of the medians);
-    then each format's end-to-end tables (of the last round) checked against the stream's last record per key."""
+    """The formats' end-to-end figures side by side (and, with JSON among them, the ratios of the medians of
+    each other format to JSON's); then each format's end-to-end tables (of the last round) checked against
+    the stream's last record per key."""
     for fmt, by_label in runs.items():
         for label, rs in by_label.items():
             for r in rs:
                 assert r["consumed"] == n, f"end-to-end ({fmt}, {label}) consumed {r['consumed']} of {n}"
                 r["ingest_cpu_us"] = (r["process_cpu_s"] - idles[fmt][label]) / n * 1e6
-    print(f"\nend to end by format: the same {n} records as JSON and as Avro (Schema Registry wire format); "
+    # The same records as JSON (always: (a)-(d) read it) and as each registry format measured.
+    names = ["JSON"] + [NAMES[fmt] for fmt in runs if fmt != "json"]
+    ratios = [f"{fmt}/json" for fmt in runs if fmt != "json"] if "json" in runs else []
+    width = max([12] + [len(r) + 1 for r in ratios])
+    print(f"\nend to end by format: the same {n} records "
+          + ", ".join(f"as {name}" for name in names[:-1]) + f" and as {names[-1]} (Schema Registry wire format); "
           f"{rounds} rounds, interleaved")
-    print(f"{'configuration':<28}{'format':<12}{'best':>12}{'median':>12}{'own CPU us/record':>20}")
+    print(f"{'configuration':<28}{'format':<{width}}{'best':>12}{'median':>12}{'own CPU us/record':>20}")
     for label in next(iter(runs.values())):
         med: dict[str, tuple[float, float]] = {}
         for fmt, by_label in runs.items():
             rs = by_label[label]
             best, median = best_and_median([r["rate"] for r in rs])
             med[fmt] = (median, statistics.median(r["ingest_cpu_us"] for r in rs))
-            print(f"{label:<28}{fmt:<12}{best:>12,.0f}{median:>12,.0f}{med[fmt][1]:>20.2f}")
-        if "json" in med and "avro" in med:
-            print(f"{label:<28}{'avro/json':<12}{'':>12}{'x' + format(med['avro'][0] / med['json'][0], '.3f'):>12}"
-                  f"{'x' + format(med['avro'][1] / med['json'][1], '.3f'):>20}")
-    print("(best and median records/s; own CPU: user + sys of ingest's processes less its idle run, median; "
-          "avro/json: ratios of the medians)")
+            print(f"{label:<28}{fmt:<{width}}{best:>12,.0f}{median:>12,.0f}{med[fmt][1]:>20.2f}")
+        for fmt in med:
+            if fmt != "json" and "json" in med:
+                print(f"{label:<28}{fmt + '/json':<{width}}{'':>12}"
+                      f"{'x' + format(med[fmt][0] / med['json'][0], '.3f'):>12}"
+                      f"{'x' + format(med[fmt][1] / med['json'][1], '.3f'):>20}")
+    print("(best and median records/s; own CPU: user + sys of ingest's processes less its idle run, median"
+          + (f"; {', '.join(ratios)}: ratios of the medians)" if ratios else ")"))
     # What each end-to-end table must hold: the last record of each key (a key stays in one partition).
     expected = {row[0]: tuple(row[:WIDTH]) for row in rows}
     counts = {fmt: {label: check_table(dsn, rs[-1]["table"], expected) for label, rs in by_label.items()}
@@ -321,13 +365,15 @@ def main() -> None:
                     help="lanes per process in the --processes runs")
     ap.add_argument("--rounds", type=int, default=3,
                     help="measure (a), (b), (c) and every (e) this many times, interleaved; report best and median")
-    ap.add_argument("--format", choices=["json", "avro", "both"], default="json",
-                    help="the values end to end reads: JSON, Avro (Schema Registry wire format), or both "
-                         "side by side (interleaved); (a)-(d) always read the JSON stream")
+    ap.add_argument("--format", choices=list(FORMATS), default="json",
+                    help="the values end to end reads: JSON, Avro or Protobuf (Schema Registry wire format), "
+                         "JSON and Avro side by side (both), or all three (all), interleaved; "
+                         "(a)-(d) always read the JSON stream")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON to this file")
     args = ap.parse_args()
-    formats = ["json", "avro"] if args.format == "both" else [args.format]
-    #: The format of the main table's (e) rows (with ``both``, JSON: that table is then as with ``json``).
+    formats = FORMATS[args.format]
+    #: The format of the main table's (e) rows (with ``both`` or ``all``, JSON: that table is then as with
+    #: ``json``).
     primary = formats[0]
 
     services = start_all()
@@ -341,14 +387,15 @@ def main() -> None:
         print(f"produced {args.records} records in {time.perf_counter() - t:.1f} s", flush=True)
         topics: dict[str, str] = {"json": topic}
         urls: dict[str, str | None] = {"json": None}
-        if "avro" in formats:
-            registry = start_registry()
-            topics["avro"], urls["avro"] = f"bench-avro-{uuid.uuid4().hex[:8]}", registry.url
-            create_topic(bootstrap, topics["avro"])
+        for fmt in (f for f in formats if f in REGISTRY_FORMATS):
+            if registry is None:
+                registry = start_registry()
+            topics[fmt], urls[fmt] = f"bench-{fmt}-{uuid.uuid4().hex[:8]}", registry.url
+            create_topic(bootstrap, topics[fmt])
             t = time.perf_counter()
-            produce_avro(bootstrap, topics["avro"], args.records, registry.url)
-            print(f"produced the same {args.records} records as Avro (Schema Registry wire format, "
-                  f"AvroSerializer, registry stand-in at {registry.url}) in {time.perf_counter() - t:.1f} s",
+            PRODUCERS[fmt](bootstrap, topics[fmt], args.records, registry.url)
+            print(f"produced the same {args.records} records as {NAMES[fmt]} (Schema Registry wire format, "
+                  f"{PRODUCED_AS[fmt]}, registry stand-in at {registry.url}) in {time.perf_counter() - t:.1f} s",
                   flush=True)
 
         # (a)-(d) run under the same interpreter settings as `ingest run` (GC, switch interval).
@@ -378,15 +425,18 @@ def main() -> None:
             rates.setdefault("b", []).append(n / win_b.wall_s)
             rates.setdefault("c", []).append(n / plain_copy(dsn, rows))
             for label, lanes, processes in configs:
-                # With both formats, each configuration runs on both back to back (JSON first in even
-                # rounds, Avro first in odd ones), so a slow spell hits both formats of it alike.
-                for fmt in (formats if rnd % 2 == 0 else formats[::-1]):
-                    by_format[fmt][label].append(end_to_end(bootstrap, topics[fmt], dsn, lanes, processes, urls[fmt]))
+                # With several formats, each configuration runs on each back to back, their order rotating
+                # per round (both: JSON first in even rounds, Avro first in odd ones; all: JSON, Avro,
+                # Protobuf first in turn), so a slow spell hits every format of it alike.
+                shift = rnd % len(formats)
+                for fmt in formats[shift:] + formats[:shift]:
+                    by_format[fmt][label].append(end_to_end(bootstrap, topics[fmt], dsn, lanes, processes,
+                                                            urls[fmt], fmt))
             print(f"round {rnd + 1}/{args.rounds}: a {rates['a'][-1]:,.0f}  b {rates['b'][-1]:,.0f}  "
                   + "  ".join(f"e[{k if fmt == 'json' else fmt + ' ' + k}] {v[-1]['rate']:,.0f}"
                               for fmt in formats for k, v in by_format[fmt].items()), flush=True)
         d = args.naive_records / naive(bootstrap, topic, dsn, mapper, args.naive_records)
-        idles = {fmt: {label: idle_cpu_s(bootstrap, dsn, lanes, processes, urls[fmt])
+        idles = {fmt: {label: idle_cpu_s(bootstrap, dsn, lanes, processes, urls[fmt], fmt)
                        for label, lanes, processes in configs} for fmt in formats}
         idle = idles[primary]
 
@@ -440,15 +490,15 @@ def main() -> None:
             print(f"end to end ({best_label}, best run) cost {cpu_e:.1f} us of machine CPU per record "
                   f"-> at most {cores} / {cpu_e:.1f} us = {cap_e:,.0f} records/s here, "
                   f"= {cap_e / min(a, b):.2f} x min(a,b);   e / that cap = {best / cap_e:.2f}")
-        if "avro" in formats:
+        if any(fmt in REGISTRY_FORMATS for fmt in formats):
             compare_formats(by_format, idles, n, args.rounds, dsn, rows)
         if args.json:
             extra_json = {} if primary == "json" and len(formats) == 1 else {"format": args.format}
-            if args.format == "both":
-                extra_json["end_to_end_avro"] = {
+            for fmt in formats[1:]:  # both: avro; all: avro, protobuf (JSON's are "end_to_end")
+                extra_json[f"end_to_end_{fmt}"] = {
                     k: {"rate": max(r["rate"] for r in v), "median": statistics.median(r["rate"] for r in v),
-                        "ingest_cpu_us_per_record": [r["ingest_cpu_us"] for r in v], "idle_cpu_s": idles["avro"][k],
-                        "peak_rss_bytes": max(r["rss"] for r in v)} for k, v in by_format["avro"].items()}
+                        "ingest_cpu_us_per_record": [r["ingest_cpu_us"] for r in v], "idle_cpu_s": idles[fmt][k],
+                        "peak_rss_bytes": max(r["rss"] for r in v)} for k, v in by_format[fmt].items()}
             args.json.write_bytes(orjson.dumps({
                 "records": n, "rounds": args.rounds, "consume_only": a, "write_path": b, "plain_copy": c,
                 "naive": d, "medians": {"consume_only": a_med, "write_path": b_med, "plain_copy": c_med},
