@@ -65,9 +65,10 @@ def _schemas(settings: Any, p: Any) -> list[str]:
 
     try:
         decoder = build_decoder(p, settings.schema_registry)
+        key_decoder = build_decoder(p, settings.schema_registry, "key")
     except ValueError as exc:
         raise ConfigError(f"pipeline {p.name}: {exc}") from None
-    report = check_schemas(p, decoder)
+    report = check_schemas(p, decoder, key_decoder)
     for line in report.ok:
         typer.echo(f"ok   {line}")
     for line in report.warnings:

@@ -26,18 +26,28 @@ class SchemaReport:
     problems: list[str] = field(default_factory=list)
 
 
-def check_schemas(pipeline: Any, decoder: Any) -> SchemaReport:
-    """The report for ``pipeline``; raises ServiceUnreachable when its registry cannot answer."""
+def check_schemas(pipeline: Any, decoder: Any, key_decoder: Any = None) -> SchemaReport:
+    """The report for ``pipeline``'s values (``$`` sources) and, with a typed ``key_format``, its keys
+    (``@key.$`` sources, subjects ``<topic>-key``); raises ServiceUnreachable when a registry cannot
+    answer."""
     report = SchemaReport()
+    _check(pipeline, decoder, pipeline.value_subjects(), "$", report)
+    if key_decoder is not None:
+        _check(pipeline, key_decoder, [f"{topic}-key" for topic in pipeline.topics], "@key.$", report)
+    return report
+
+
+def _check(pipeline: Any, decoder: Any, subjects: list[str], prefix: str, report: SchemaReport) -> None:
+    """Each subject's latest schema, and the columns whose sources (starting with ``prefix``) it lacks."""
     has_path = getattr(decoder, "has_path", None)
     if has_path is None:
-        return report
+        return
     store = getattr(decoder, "store", None)
     if store is None:  # one schema from a file
         schema = decoder.file_schema
-        _columns(pipeline, lambda steps: has_path(schema, steps), decoder.describe(None), report)
-        return report
-    for subject in pipeline.value_subjects():
+        _columns(pipeline, prefix, lambda steps: has_path(schema, steps), decoder.describe(None), report)
+        return
+    for subject in subjects:
         try:
             latest = store.latest(subject)
             parsed = None if latest is None else store.get(latest.schema_id)
@@ -53,14 +63,16 @@ def check_schemas(pipeline: Any, decoder: Any) -> SchemaReport:
             continue
         what = f"subject {subject} version {latest.version} (schema id {latest.schema_id})"
         report.ok.append(f"pipeline {pipeline.name}: {what}")
-        _columns(pipeline, lambda steps, s=parsed: has_path(s, steps), what, report)
-    return report
+        _columns(pipeline, prefix, lambda steps, s=parsed: has_path(s, steps), what, report)
 
 
-def _columns(pipeline: Any, holds: Any, what: str, report: SchemaReport) -> None:
+def _columns(pipeline: Any, prefix: str, holds: Any, what: str, report: SchemaReport) -> None:
+    """Report the columns reading a path under ``prefix`` (``$`` or ``@key.$``) that ``holds`` denies."""
     for name, spec in pipeline.sink.columns.items():
         source = spec.source or f"$.{name}"
-        if not source.startswith("$") or holds(_parse_path(source)):
+        if not source.startswith(prefix) or (prefix == "$" and source.startswith("@")):
+            continue
+        if holds(_parse_path(source[len(prefix) - 1:])):
             continue
         message = f"pipeline {pipeline.name}: column {name} (source {source}) is not a field of {what}"
         if spec.required:

@@ -458,6 +458,16 @@ def test_check_reports_subjects_and_the_columns_their_schemas_lack(tmp_path, kaf
     assert res.returncode == 2, res.stdout + res.stderr
     assert f"subject {missing}-value is not in the schema registry at {url}" in res.stderr
 
+    # A typed key: its subject (<topic>-key) and the @key.$ columns are checked the same way.
+    key_id = schema_registry.register(f"{topic}-key", KEY_SCHEMA)
+    keyed = {**columns, "tenant": {"type": "text", "source": "@key.$.tenant"},
+             "shop": {"type": "text", "source": "@key.$.shop", "required": True}}
+    res = check(_config(**base, columns=keyed, key_format="avro"))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"ok   pipeline avro: subject {topic}-key version 1 (schema id {key_id})" in res.stdout
+    assert "FAIL pipeline avro: column shop (source @key.$.shop) is not a field of subject" in res.stderr
+    assert "column tenant" not in res.stdout + res.stderr
+
     schema_registry.stop()
     res = check(_config(**base, columns=columns))
     assert res.returncode == 3, res.stdout + res.stderr
