@@ -41,17 +41,16 @@ def ref_text(ref: SchemaRef) -> str:
 
 
 def bad_magic(field: Field, data: bytes) -> InvalidRecord:
+    """Why ``data`` (a record's value or key) is not in the wire format: poison, ``bad_magic_byte``."""
     if not data:
         how = "it is empty: no magic byte"
     elif data[0] in (0, 1):
         how = (f"it is {len(data)} bytes long, too short for magic byte {data[0]} and its "
                f"{'4-byte schema id' if data[0] == 0 else '16-byte GUID'}")
-        return InvalidRecord("decode", "bad_magic_byte", f"record {field} is not in the Schema Registry wire "
-                                                         f"format: {how}")
     else:
         how = f"it starts with 0x{data[:1].hex()}, not the magic byte 0 (+ 4-byte schema id) or 1 (+ 16-byte GUID)"
     return InvalidRecord("decode", "bad_magic_byte", f"record {field} is not in the Schema Registry wire format: "
-                                                     f"{how}, and has no {field} schema id header")
+                                                     f"{how}; no {field} schema id header names its schema either")
 
 
 def split(record: Record, field: Field = "value") -> tuple[SchemaRef, memoryview]:
