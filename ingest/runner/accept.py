@@ -84,6 +84,7 @@ class Acceptor:
         epoch: int | None = None
         last_offset = -1
         run: list[int] = []
+        countdown = self._sample_countdown
         skipped: list[tuple[Partition, int, int]] = []  # tombstones done at once: (tp, offset, epoch)
         for rec in records:
             if rec.partition != partition or rec.topic != topic:  # a new run of one partition
@@ -111,24 +112,26 @@ class Acceptor:
             size = (len(value) if value is not None else 0) + (len(record_key) if record_key is not None else 0) + 64
             try:
                 row, key = map_record(rec)
-                if row_key is not None:
-                    key = row_key_bytes(row_key(row))
                 item = Item(rec, row, None, epoch, size)
             except InvalidRecord as exc:
                 item = Item(rec, None, Failure(exc.stage, exc.error_class, exc.message), epoch, size)
-                key = record_key
+                row, key = None, record_key
+            countdown -= 1
+            # The row's key bytes choose its lane; with one lane they are needed only by the sampler.
+            if row_key is not None and row is not None and (n_lanes > 1 or countdown == 0):
+                key = row_key_bytes(row_key(row))
             if n_lanes == 1:
                 lane = 0
             else:
                 lane = lane_of(key) if key is not None or not deterministic else offset % n_lanes
             lane_items[lane].append(item)
             lane_sizes[lane].append(size)
-            self._sample_countdown -= 1
-            if self._sample_countdown == 0:
+            if countdown == 0:
                 # A random gap (mean HOT_KEY_SAMPLE) so periodic key patterns cannot alias with the sampler.
-                self._sample_countdown = self._rng.randint(1, 2 * HOT_KEY_SAMPLE - 1)
+                countdown = self._rng.randint(1, 2 * HOT_KEY_SAMPLE - 1)
                 if key is not None or not spread_unkeyed:
                     self._load.observe(lane, key, size)
+        self._sample_countdown = countdown
         if run:
             tracker.track_many(tp, run)
         for skipped_tp, offset, skipped_epoch in skipped:
