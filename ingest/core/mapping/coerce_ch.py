@@ -11,12 +11,12 @@ import orjson
 
 from ingest.core.dialects import CH_INT_RANGES, ChType
 from ingest.core.mapping.coerce_pg import (
+    _as_text,
     _boolean,
     _date,
     _float_coercer,
     _int_coercer,
     _json_default,
-    _native_text,
     _numeric,
     _timestamptz,
     _uuid,
@@ -40,18 +40,8 @@ _CH_DT64_MIN = datetime(1900, 1, 1, tzinfo=_UTC)
 _CH_DT64_MAX = datetime(2299, 12, 31, 23, 59, 59, 999999, tzinfo=_UTC)
 
 
-def _ch_string(v: Any) -> str:
-    t = type(v)
-    if t is str:  # ClickHouse String holds any bytes, NUL included
-        return v
-    if t is bool:
-        return "true" if v else "false"
-    if t is int or t is float:
-        return str(v)
-    text = _native_text(v)
-    if text is None:
-        raise _Bad("wrong_type", f"expected a string, got {_show(v)}")
-    return text
+#: ``String``: any text, NUL included (ClickHouse strings hold any bytes).
+_ch_string = _as_text
 
 
 def _ch_json(v: Any) -> str:

@@ -132,12 +132,12 @@ def _float_coercer(base: str) -> Coercer:
     return coerce
 
 
-def _text(v: Any) -> str:
+def _as_text(v: Any) -> str:
+    """Text for a string column of either dialect: a string as is, a bool as ``true``/``false``, a
+    number as its decimal text, a typed format's value by :func:`_native_text`; else ``wrong_type``."""
     t = type(v)
     if t is str:
-        if "\x00" in v:
-            raise _Bad("invalid_value", "text contains a NUL character (\\x00), which PostgreSQL rejects")
-        return v
+        return v  # type: ignore[no-any-return]
     if t is bool:
         return "true" if v else "false"
     if t is int or t is float:
@@ -145,6 +145,12 @@ def _text(v: Any) -> str:
     text = _native_text(v)
     if text is None:
         raise _Bad("wrong_type", f"expected a string, got {_show(v)}")
+    return text
+
+
+def _text(v: Any) -> str:
+    """``text`` / ``varchar``: :func:`_as_text`, without NUL (PostgreSQL rejects it in text)."""
+    text = _as_text(v)
     if "\x00" in text:
         raise _Bad("invalid_value", "text contains a NUL character (\\x00), which PostgreSQL rejects")
     return text
