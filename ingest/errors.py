@@ -76,6 +76,12 @@ class InvalidRecord(IngestError):
         self.message = message
 
 
+class NoChange(Exception):
+    """Raised by a change mapper for a record that is handled without writing anything: a truncate the
+    pipeline ignores, a tombstone whose delete event (carrying the version) came before it. The
+    record counts as done (skipped), never as a dead letter."""
+
+
 class ConfigError(IngestError):
     """Invalid configuration. The message names the file and the field path."""
 

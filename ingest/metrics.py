@@ -39,6 +39,9 @@ class Metrics:
         self.records_consumed = Counter("ingest_records_consumed_total", "Records fetched from Kafka.", p, registry=r)
         self.rows_written = Counter("ingest_rows_written_total", "Rows written to the sink (after in-batch dedupe).",
                                     p, registry=r)
+        self.rows_deleted = Counter("ingest_rows_deleted_total",
+                                    "Of the rows written, the rows that deleted their key (change data capture).",
+                                    p, registry=r)
         self.records_done = Counter("ingest_records_handled_total",
                                     "Records fully handled (in the sink or the DLQ).", p, registry=r)
         self.dead_lettered = Counter("ingest_dead_lettered_total", "Records sent to the DLQ.",
@@ -85,6 +88,7 @@ class PipelineMetrics:
         self._m = m
         self.records_consumed = m.records_consumed.labels(name)
         self.rows_written = m.rows_written.labels(name)
+        self.rows_deleted = m.rows_deleted.labels(name)
         self.records_done = m.records_done.labels(name)
         self.batch_rows = m.batch_rows.labels(name)
         self.batch_bytes = m.batch_bytes.labels(name)

@@ -117,3 +117,15 @@ class Item:
     failure: Failure | None
     epoch: int
     size_bytes: int
+
+
+class DeleteRow(tuple):  # type: ignore[type-arg]
+    """A row that deletes its key: a change stream's delete (``ingest.cdc``).
+
+    The same width and positions as the sink's rows, so collapsing and routing treat it like any
+    row; only the key columns, the version column and the hidden source columns hold values (the
+    rest is each column's filler: ``None``, or the zero value a ClickHouse column needs). A sink
+    tells it from an upsert by ``type(row) is DeleteRow``.
+    """
+
+    __slots__ = ()

@@ -44,7 +44,7 @@ from ingest.errors import (
 )
 from ingest.retry import retrying
 from ingest.sinks.base import ExactlyOnceFn, dedup_token
-from ingest.types import Failure, Item, Partition
+from ingest.types import DeleteRow, Failure, Item, Partition
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,8 @@ class Completion:
     records: int = 0
     size_bytes: int = 0
     rows_written: int = 0
+    #: of rows_written, the rows that deleted their key (ingest.cdc)
+    rows_deleted: int = 0
     dead_lettered: Counter[tuple[str, str]] = field(default_factory=Counter)
     retries: int = 0
     write_calls: int = 0
@@ -201,6 +203,7 @@ class BatchWriter:
         for item, exc in poison:
             failures.append(DlqEntry(self._pipeline, item.record, Failure.from_write_error(exc)))
         result.rows_written = len(written)
+        result.rows_deleted = sum(1 for item in written if type(item.row) is DeleteRow)
         if failures:
             for attempt in self._retrying("dlq write", retries):
                 with attempt:
@@ -215,6 +218,7 @@ class BatchWriter:
             with attempt:
                 done = eo(lane, items)
         result.rows_written = done.rows_written
+        result.rows_deleted = done.rows_deleted
         result.write_calls = done.write_calls
         result.skipped = done.already_written
         return done.dead_letters

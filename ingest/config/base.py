@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from ingest.core.collapse import CollapseRule
 
 SOURCE_RE = re.compile(
-    r"^((@key\.)?\$(\.[^.\[\]]+|\[\d+\])*|@(key|topic|partition|offset|stream|timestamp|header\.[^\s]+))$")
+    r"^((@key\.)?\$(\.[^.\[\]]+|\[\d+\])*|@source(\.[^.\[\]]+)+"
+    r"|@(key|topic|partition|offset|stream|timestamp|header\.[^\s]+))$")
 SECRET_CLIENT_KEYS = ("password", "secret", "sasl.oauthbearer.config", "ssl.key.pem")
 
 
@@ -53,7 +54,9 @@ class ColumnSpec(Frozen):
 
     ``source`` is a JSON path into the record value (``$.a.b``, ``$.items[0]``)
     or Kafka metadata (``@key``, ``@topic``, ``@partition``, ``@offset``,
-    ``@timestamp``, ``@header.NAME``). Default: ``$.<column name>``.
+    ``@timestamp``, ``@header.NAME``), or with ``envelope: debezium`` a path into the change
+    event's ``source`` block (``@source.lsn``). Default: ``$.<column name>`` (with an envelope:
+    the row image).
     """
 
     type: str
@@ -67,7 +70,8 @@ class ColumnSpec(Frozen):
         if value is not None and not SOURCE_RE.match(value):
             raise ValueError(
                 f"invalid source {value!r}: use a JSON path like '$.a.b' or one of "
-                "@key @key.$.PATH (with key_format) @topic @partition @offset @timestamp @header.NAME"
+                "@key @key.$.PATH (with key_format) @topic @partition @offset @timestamp @header.NAME "
+                "@source.PATH (with envelope debezium)"
             )
         return value
 
@@ -105,6 +109,15 @@ class SinkSettingsBase(Frozen):
 
     def column_source(self, name: str) -> str:
         return self.columns[name].source or f"$.{name}"
+
+    def delete_filler(self) -> list[Any]:
+        """The values of a delete row's columns that are not its key, version or hidden columns
+        (:class:`~ingest.types.DeleteRow`): ``None`` here; a sink whose columns cannot hold NULL says more."""
+        return [None] * len(self.columns)
+
+    def check_deletes(self, deletes: Any) -> None:
+        """Raise ValueError when this sink cannot write deletes as ``deletes``
+        (:class:`~ingest.config.cdc.DeleteSettings`) say; called for pipelines with deletes."""
 
     def collapse_rule(self) -> CollapseRule:
         """How this sink collapses a batch's records of one row (:mod:`ingest.core.collapse`)."""

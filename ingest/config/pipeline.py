@@ -27,6 +27,7 @@ from ingest.config.base import (
     check_dsn_syntax,
     check_identifier,
 )
+from ingest.config.cdc import DeleteSettings
 
 
 class KafkaSettings(Frozen):
@@ -165,8 +166,17 @@ class PipelineSettings(Frozen):
     lanes: int = Field(default=1, ge=1, le=256)
     #: Records without a key: spread over lanes (round_robin) or keep in order on lane 0.
     unkeyed: Literal["round_robin", "lane0"] = "round_robin"
-    #: A record with a null value (tombstone): dead-letter it or skip it (counted as done).
-    tombstones: Literal["dlq", "skip"] = "dlq"
+    #: Change data capture (ingest.cdc): ``debezium`` reads Debezium change events -- c/r/u upsert
+    #: the ``after`` image, d deletes the ``before`` image's key; column paths read the row image.
+    envelope: Literal["none", "debezium"] = "none"
+    #: A record with a null value (tombstone): ``delete`` the row its key names (columns read from
+    #: the record key), dead-letter it, or skip it (counted as done). Default: ``delete`` with an
+    #: envelope, else ``dlq``.
+    tombstones: Literal["delete", "dlq", "skip"] | None = None
+    #: A Debezium truncate event (op ``t``): ``ignore`` it (counted as done) or dead-letter it.
+    truncate: Literal["ignore", "dlq"] = "ignore"
+    #: How deletes are written (hard / soft, the tombstone table), when the pipeline has deletes.
+    deletes: DeleteSettings = Field(default_factory=DeleteSettings)
     batch: BatchSettings = Field(default_factory=BatchSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
     #: Validated by the settings class its ``kind`` names in the sink registry (ingest.sinks.registry).
@@ -181,6 +191,44 @@ class PipelineSettings(Frozen):
     hot_key_share: float = Field(default=0.5, gt=0, le=1)
     #: Length of the hot-key / hot-lane observation interval.
     hot_key_interval_s: float = Field(default=10.0, gt=0)
+
+    @property
+    def effective_tombstones(self) -> str:
+        """What a tombstone does: ``tombstones``, else ``delete`` with an envelope and ``dlq`` without."""
+        return self.tombstones or ("delete" if self.envelope != "none" else "dlq")
+
+    @property
+    def has_deletes(self) -> bool:
+        """Records of this pipeline can delete rows (an envelope, or tombstones that delete)."""
+        return self.envelope != "none" or self.effective_tombstones == "delete"
+
+    @model_validator(mode="after")
+    def _deletes(self) -> PipelineSettings:
+        """Deletes need a sink that can delete, a key to delete by, and (tombstones) a key in the record key."""
+        sources = {name: self.sink.column_source(name) for name in self.sink.columns}
+        if self.envelope == "none" and any(s.startswith("@source.") for s in sources.values()):
+            raise ValueError("@source.PATH sources read a change event's source block: set envelope debezium")
+        if not self.has_deletes:
+            return self
+        from ingest.sinks import registry
+
+        if not registry.backend(self.sink.kind).capabilities.deletes:
+            raise ValueError(f"sink kind {self.sink.kind!r} cannot delete rows: set tombstones dlq or skip "
+                             "(and envelope none)")
+        self.sink.check_deletes(self.deletes)
+        rule = self.sink.collapse_rule()
+        if rule.key_index is None or rule.keep != "last":
+            raise ValueError("deletes need a table that updates rows by key (on_conflict update)")
+        if self.envelope == "none":
+            names = list(self.sink.columns)
+            for i in rule.key_index:
+                if not sources[names[i]].startswith("@key"):
+                    raise ValueError(f"tombstones delete: key column {names[i]!r} must be read from the record "
+                                     "key (source @key or @key.$.PATH): a tombstone has no value")
+            if rule.version_index is not None and sources[names[rule.version_index]].startswith("$"):
+                raise ValueError("tombstones delete: the version column must come from the record's metadata "
+                                 "(e.g. @offset, @timestamp, @header.NAME): a tombstone has no value")
+        return self
 
     @property
     def effective_group_id(self) -> str:

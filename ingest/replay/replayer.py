@@ -33,12 +33,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ingest.cdc.mapper import mapper_for
 from ingest.config import PipelineSettings
 from ingest.core.collapse import collapse
 from ingest.core.isolation import write_groups_isolating
-from ingest.core.mapping import Mapper
 from ingest.dlq.base import DlqFilter, DlqReader, DlqRow
-from ingest.errors import InvalidRecord
+from ingest.errors import InvalidRecord, NoChange
 from ingest.formats.base import Decoder, prepare_all
 from ingest.replay.order import Verdict, judge
 from ingest.retry import retrying
@@ -118,7 +118,7 @@ class Replayer:
         self._rate = RateLimiter(rate_per_s)
         self._apply_unordered = apply_unordered
         self.on_progress = on_progress
-        self._mapper = Mapper(pipeline.sink.columns, pipeline.key, decoder=decoder, key_decoder=key_decoder)
+        self._mapper = mapper_for(pipeline, decoder=decoder, key_decoder=key_decoder)
         #: fetches the schemas a chunk names (registry formats) before it is mapped
         self._prepare = prepare_all(decoder, key_decoder)
         self._rule = pipeline.sink.collapse_rule()
@@ -171,6 +171,7 @@ class Replayer:
         failures: list[tuple[int | str, Failure]] = []
         items: list[Item] = []
         entry_of: dict[int, DlqRow] = {}  # id(item) -> its DLQ entry
+        unchanged: list[int | str] = []  # entries that are done without writing a row
         if self._prepare is not None:  # a registry outage is retried, never a reason to give up on an entry
             for attempt in retrying(self._p.retry, what="schema registry lookups"):
                 with attempt:
@@ -181,9 +182,15 @@ class Replayer:
             except InvalidRecord as exc:
                 failures.append((row.id, Failure(exc.stage, exc.error_class, exc.message)))
                 continue
+            except NoChange:  # handled without a row now (e.g. a truncate, since truncate: ignore)
+                unchanged.append(row.id)
+                continue
             item = Item(row.record, mapped, None, 0, 0)
             entry_of[id(item)] = row
             items.append(item)
+        if unchanged:
+            self._reader.mark_replayed(unchanged, purge=self._purge)
+            summary.replayed += len(unchanged)
         _, groups = collapse(items, self._rule)
         if self._guarded:
             groups = self._guard(groups, entry_of, summary)

@@ -14,12 +14,13 @@ import operator
 import random
 from collections.abc import Callable
 
+from ingest.cdc.mapper import ChangeMapper
 from ingest.config import PipelineSettings
 from ingest.core.hotkeys import LaneLoad
 from ingest.core.mapping import Mapper
 from ingest.core.offsets import OffsetTracker
 from ingest.core.routing import LaneRouter, key_bytes
-from ingest.errors import InvalidRecord
+from ingest.errors import InvalidRecord, NoChange
 from ingest.metrics import PipelineMetrics
 from ingest.runner.batching import LaneBatchers
 from ingest.runner.stats import PipelineStats
@@ -34,7 +35,7 @@ HOT_KEY_SAMPLE = 16
 class Acceptor:
     """Maps and routes polled chunks for one pipeline (see the module docstring)."""
 
-    def __init__(self, settings: PipelineSettings, mapper: Mapper, *, tracker: OffsetTracker[Partition],
+    def __init__(self, settings: PipelineSettings, mapper: Mapper | ChangeMapper, *, tracker: OffsetTracker[Partition],
                  batching: LaneBatchers, load: LaneLoad, stats: PipelineStats, metrics: PipelineMetrics,
                  deterministic: bool) -> None:
         self._settings = settings
@@ -69,7 +70,7 @@ class Acceptor:
         lane_of = self._router.lane
         row_key = self._row_key
         row_key_bytes = key_bytes
-        skip_tombstones = self._settings.tombstones == "skip"
+        skip_tombstones = self._settings.effective_tombstones == "skip"
         deterministic = self._deterministic  # exactly-once needs replay-stable routing
         spread_unkeyed = self._settings.unkeyed == "round_robin"  # unkeyed records are not one hot key
         n_lanes = len(self._batching)
@@ -116,6 +117,9 @@ class Acceptor:
             except InvalidRecord as exc:
                 item = Item(rec, None, Failure(exc.stage, exc.error_class, exc.message), epoch, size)
                 row, key = None, record_key
+            except NoChange:  # handled without a row (ingest.cdc): done at once, like a skipped tombstone
+                skipped.append((tp, offset, epoch))
+                continue
             countdown -= 1
             # The row's key bytes choose its lane; with one lane they are needed only by the sampler.
             if row_key is not None and row is not None and (n_lanes > 1 or countdown == 0):

@@ -55,11 +55,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ingest.cdc.mapper import mapper_for
 from ingest.config import PipelineSettings
 from ingest.core.batcher import FlushReason
 from ingest.core.dlq_guard import DlqGuard
 from ingest.core.hotkeys import LaneLoad
-from ingest.core.mapping import Mapper
 from ingest.core.offsets import OffsetTracker
 from ingest.errors import FatalPipelineError, TransientError
 from ingest.formats.base import Decoder, prepare_all
@@ -153,8 +153,7 @@ class Pipeline:
         self._batching = LaneBatchers(settings.lanes, settings.batch, pool=self._lanes, flow=self._flow,
                                       stats=self.stats, metrics=self.metrics, clock=clock)
         #: maps, tracks and routes each polled chunk (the hot path)
-        self._acceptor = Acceptor(settings, Mapper(settings.sink.columns, settings.key, decoder=decoder,
-                                                   key_decoder=key_decoder),
+        self._acceptor = Acceptor(settings, mapper_for(settings, decoder=decoder, key_decoder=key_decoder),
                                   tracker=self._tracker, batching=self._batching, load=self._load, stats=self.stats,
                                   metrics=self.metrics, deterministic=offset_store is not None)
         self._last_commit_ms = 0

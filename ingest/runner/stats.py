@@ -18,6 +18,8 @@ class PipelineStats:
 
     records_consumed: int = 0
     rows_written: int = 0
+    #: of rows_written, the rows that deleted their key (change data capture)
+    rows_deleted: int = 0
     dead_lettered: Counter[tuple[str, str]] = field(default_factory=Counter)
     skipped: int = 0
     #: exactly-once: records re-read after a restart that the database already had
@@ -43,6 +45,7 @@ class PipelineStats:
         self.batches += 1
         self.last_done_s = time.monotonic()
         self.rows_written += c.rows_written
+        self.rows_deleted += c.rows_deleted
         self.dead_lettered.update(c.dead_lettered)
         self.retries += c.retries
         self.write_calls += c.write_calls
@@ -53,6 +56,8 @@ class PipelineStats:
         m.batch_bytes.observe(c.size_bytes)
         m.flush_seconds.observe(c.duration_s)
         m.rows_written.inc(c.rows_written)
+        if c.rows_deleted:
+            m.rows_deleted.inc(c.rows_deleted)
         m.records_done.inc(c.records)
         m.retries.inc(c.retries)
         m.write_calls.inc(c.write_calls)
@@ -76,6 +81,7 @@ class PipelineStats:
         return {
             "records_consumed": self.records_consumed,
             "rows_written": self.rows_written,
+            "rows_deleted": self.rows_deleted,
             "dead_lettered": self.dead_lettered_total,
             "dead_lettered_by_class": {f"{k[0]}/{k[1]}": v for k, v in self.dead_lettered.items()},
             "skipped": self.skipped,

@@ -45,6 +45,8 @@ class ExactlyOnceResult:
     write_calls: int
     #: records an earlier incarnation had already written (skipped)
     already_written: int
+    #: of rows_written, the rows that deleted their key (ingest.cdc)
+    rows_deleted: int = 0
 
 
 #: The exactly-once lane transaction: (lane, items) -> what it did; rows, DLQ rows and offsets commit together.
@@ -64,6 +66,8 @@ class Capabilities:
     #: ``sink.row_sources(keys)`` tells which record each row was last written from (replay's order
     #: guard), for tables whose settings say ``tracks_sources``.
     row_sources: bool = False
+    #: ``write`` takes :class:`~ingest.types.DeleteRow` rows (change data capture, ``ingest.cdc``).
+    deletes: bool = False
 
 
 @dataclass(frozen=True, slots=True)

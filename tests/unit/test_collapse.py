@@ -99,3 +99,44 @@ def test_failed_items_are_set_aside_in_order() -> None:
     failed, groups = collapse(items, CollapseRule((KEY,), "last", VERSION))
     assert [it.record.offset for it in failed] == [0, 2]
     assert [[it.row[POS] for it in g] for g in groups] == [[1]]
+
+
+# -- deletes (ingest.cdc): a DeleteRow is a candidate like any row --------------------------------
+
+def _change_items(rows: Sequence[tuple[int, int, bool]]) -> list[Item]:
+    from ingest.types import DeleteRow
+
+    out = []
+    for pos, (key, version, deleted) in enumerate(rows):
+        rec = Record("t", 0, pos, str(key).encode(), None if deleted else b"{}", None)
+        row = DeleteRow((key, version, pos)) if deleted else (key, version, pos)
+        out.append(Item(rec, row, None, 1, 10))
+    return out
+
+
+def _apply_changes(table: dict[int, tuple[int, bool]], rows: Sequence[tuple], versioned: bool) -> dict[int, tuple]:
+    """Apply rows one by one as the PostgreSQL sink with deletes does: a row or a tombstone per key
+    (``(version, deleted)``); a record applies when it is not older than what the key holds."""
+    from ingest.types import DeleteRow
+
+    out = dict(table)
+    for row in rows:
+        old = out.get(row[KEY])
+        if old is None or not versioned or row[VERSION] >= old[0]:
+            out[row[KEY]] = (row[VERSION], type(row) is DeleteRow)
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 3), st.booleans()), max_size=30),
+       existing=st.dictionaries(st.integers(0, 4), st.tuples(st.integers(0, 3), st.booleans()), max_size=5),
+       versioned=st.booleans())
+def test_collapse_with_deletes_leaves_what_applying_every_change_would(rows, existing, versioned) -> None:
+    """Upserts then a delete of a key leave it deleted, a delete then an upsert leave it present; with a
+    version the highest wins whichever kind it is, and nothing older than a tombstone applies."""
+    rule = CollapseRule((KEY,), "last", VERSION if versioned else None)
+    items = _change_items(rows)
+    _, groups = collapse(items, rule)
+    written = [group[0].row for group in groups]
+    assert _apply_changes(existing, written, versioned) == _apply_changes(existing, [it.row for it in items],
+                                                                          versioned)

@@ -112,7 +112,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert p.lanes == 1
     assert p.priority == 0
     assert p.unkeyed == "round_robin"
-    assert p.tombstones == "dlq"
+    assert p.effective_tombstones == "dlq" and p.envelope == "none" and not p.has_deletes
     assert (p.batch.max_rows, p.batch.max_bytes, p.batch.max_latency_ms) == (5000, 8 * 1024 * 1024, 500)
     assert (p.retry.max_attempts, p.retry.initial_backoff_ms, p.retry.max_backoff_ms) == (10, 100, 30_000)
     assert p.sink.kind == "postgres"

@@ -67,17 +67,25 @@ def compile_fast_map(columns: Sequence[FastColumn], *, needs_json: bool, needs_o
                      key_getter: Callable[[Any, Any], Any] | None,
                      render_key: Callable[[Any], bytes | None],
                      loads: Callable[[bytes], Any] | None = orjson.loads,
-                     decode: Callable[[Any], Any] | None = None) -> FastMap:
+                     decode: Callable[[Any], Any] | None = None, given_doc: bool = False) -> FastMap:
     """Return ``fast(record) -> (row, ordering_key)`` (see the module contract).
 
     The document comes from ``loads(value)`` (a format's plain loader, e.g. orjson) or, when the
-    format has none, from ``decode(record)``.
+    format has none, from ``decode(record)``. ``given_doc``: ``fast(record, doc)`` maps an
+    already decoded document instead (a change event's row image, ``ingest.cdc``).
     """
     env: dict[str, Any] = {"_loads": loads, "_decode": decode, "_Fallback": _Fallback, "_render_key": render_key,
                            "_dict": dict, "_int": int, "_str": str, "_float": float, "_repr": repr,
                            "_Decimal": Decimal, "_timedelta": timedelta}
-    lines = ["def fast(record):", "    value = record.value", "    if value is None:", "        raise _Fallback"]
-    if needs_json:
+    if given_doc:
+        lines = ["def fast(record, doc):"]
+        if needs_object:
+            lines += ["    if type(doc) is not _dict:", "        raise _Fallback"]
+    else:
+        lines = ["def fast(record):", "    value = record.value", "    if value is None:", "        raise _Fallback"]
+    if given_doc:
+        pass
+    elif needs_json:
         lines.append("    doc = _loads(value)" if loads is not None else "    doc = _decode(record)")
         if needs_object:
             lines += ["    if type(doc) is not _dict:", "        raise _Fallback"]

@@ -154,7 +154,7 @@ class Mapper:
     """
 
     __slots__ = ("column_names", "column_types", "_plan", "_needs_json", "_needs_object", "_key_getter", "_fast",
-                 "_decoder", "_describe")
+                 "_fast_doc", "_decoder", "_describe")
 
     def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None, *,
                  dialect: str | None = None, decoder: Decoder | None = None,
@@ -207,6 +207,8 @@ class Mapper:
         self._fast = compile_fast_map(fast_columns, needs_json=self._needs_json, needs_object=self._needs_object,
                                       key_getter=self._key_getter, render_key=_render_key,
                                       loads=self._decoder.value_loader(), decode=self._decoder.decode)
+        self._fast_doc = compile_fast_map(fast_columns, needs_json=True, needs_object=self._needs_object,
+                                          key_getter=self._key_getter, render_key=_render_key, given_doc=True)
 
     def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
         """Return ``(row, ordering_key)`` for ``record`` (same contract as :meth:`map_generic`).
@@ -239,19 +241,35 @@ class Mapper:
         value = record.value
         if value is None:
             raise InvalidRecord("decode", "tombstone", "record value is null (tombstone)")
-        doc: Any = None
-        if self._needs_json:
-            try:
-                doc = self._decoder.decode(record)  # InvalidRecord (stage decode) for bytes that do not decode
-            except IngestError:
-                raise  # InvalidRecord; TransientError / FatalPipelineError: the registry, not the record
-            except Exception as exc:  # noqa: BLE001 - a decoder's bug must not crash the pipeline
-                raise InvalidRecord("decode", "undecodable",
-                                    f"record value could not be decoded: {type(exc).__name__}: {exc}"[:300]) from None
-            if self._needs_object and type(doc) is not dict:
-                raise InvalidRecord(
-                    "map", "not_an_object", f"record value must be {self._decoder.document}, got {_json_kind(doc)}"
-                )
+        return self._map_doc(record, self.decode(record) if self._needs_json else None)
+
+    def decode(self, record: Record) -> Any:
+        """The record's decoded value (a tombstone is never decoded).
+
+        Raises InvalidRecord (stage ``decode``) for bytes that do not decode; a format's
+        TransientError / FatalPipelineError (the registry, not the record) passes through.
+        """
+        try:
+            return self._decoder.decode(record)
+        except IngestError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a decoder's bug must not crash the pipeline
+            raise InvalidRecord("decode", "undecodable",
+                                f"record value could not be decoded: {type(exc).__name__}: {exc}"[:300]) from None
+
+    def map_document(self, record: Record, doc: Any) -> tuple[tuple[Any, ...], bytes | None]:
+        """Like :meth:`map` for a document decoded elsewhere (a change event's row image, ``ingest.cdc``):
+        ``$`` paths read ``doc``, metadata sources read ``record``. Same errors as :meth:`map_generic`."""
+        try:
+            return self._fast_doc(record, doc)
+        except Exception:  # noqa: BLE001 - the generic loop gives the precise result or error
+            return self._map_doc(record, doc)
+
+    def _map_doc(self, record: Record, doc: Any) -> tuple[tuple[Any, ...], bytes | None]:
+        if self._needs_object and type(doc) is not dict:
+            raise InvalidRecord(
+                "map", "not_an_object", f"record value must be {self._decoder.document}, got {_json_kind(doc)}"
+            )
         name = source = ""
         try:
             row = []

@@ -14,10 +14,10 @@ from ingest.sinks.clickhouse.sink import ClickHouseSink, redact_url
 class ClickHouseBackend:
     kind = "clickhouse"
     #: No transactions; retried inserts deduplicated by token; effectively-once through ReplacingMergeTree.
-    capabilities = Capabilities(insert_tokens=True)
+    capabilities = Capabilities(insert_tokens=True, deletes=True)
 
     def build(self, pipeline: PipelineSettings, *, lanes: int) -> ClickHouseSink:
-        return ClickHouseSink(self._settings(pipeline), pipeline=pipeline.name)
+        return ClickHouseSink(self._settings(pipeline), pipeline=pipeline.name, deletes=pipeline.has_deletes)
 
     def migrate(self, pipeline: PipelineSettings) -> list[str]:
         return migrate_clickhouse(pipeline)

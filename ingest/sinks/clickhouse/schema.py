@@ -7,21 +7,26 @@ from typing import Any
 from ingest.config import PipelineSettings
 from ingest.errors import ConfigError, IngestError, ServiceUnreachable, TransientError
 from ingest.sinks.clickhouse.errors import classify
-from ingest.sinks.clickhouse.settings import ClickHouseSinkSettings
+from ingest.sinks.clickhouse.settings import DELETED_COLUMN, ClickHouseSinkSettings
 from ingest.sinks.clickhouse.sink import (
     ClickHouseSink,
     ClientFactory,
+    parse_version,
     quote_ident,
     quote_str,
 )
 
 
-def create_table_sql(cfg: ClickHouseSinkSettings) -> list[str]:
-    """``CREATE DATABASE`` and ``CREATE TABLE ... ReplacingMergeTree(version)`` for the sink."""
+def create_table_sql(cfg: ClickHouseSinkSettings, deletes: bool = False) -> list[str]:
+    """``CREATE DATABASE`` and ``CREATE TABLE ... ReplacingMergeTree(version)`` for the sink
+    (``deletes``: ``ReplacingMergeTree(version, _ingest_deleted)`` with that hidden column)."""
     on_cluster = f" ON CLUSTER {quote_ident(cfg.cluster)}" if cfg.cluster else ""
     db, table = quote_ident(cfg.database), quote_ident(cfg.table)
-    cols = ",\n    ".join(f"{quote_ident(name)} {t.ddl}" for name, t in cfg.ch_types.items())
+    types = {name: t.ddl for name, t in cfg.ch_types.items()} | ({DELETED_COLUMN: "UInt8"} if deletes else {})
+    cols = ",\n    ".join(f"{quote_ident(name)} {ddl}" for name, ddl in types.items())
     version = quote_ident(cfg.version_column or "")
+    if deletes:
+        version += f", {quote_ident(DELETED_COLUMN)}"
     if cfg.cluster:
         path = quote_str(f"/clickhouse/tables/{{shard}}/{cfg.database}/{cfg.table}")
         engine = f"ReplicatedReplacingMergeTree({path}, '{{replica}}', {version})"
@@ -61,10 +66,22 @@ def _verify_table(client: Any, p: PipelineSettings, cfg: ClickHouseSinkSettings)
     present = {r[0] for r in client.query(
         "SELECT name FROM system.columns WHERE database = %(db)s AND table = %(t)s", parameters=where,
     ).result_rows}
-    missing = [c for c in cfg.columns if c not in present]
+    missing = [c for c in [*cfg.columns, *([DELETED_COLUMN] if p.has_deletes else [])] if c not in present]
     if missing:
         raise ConfigError(f"pipelines.{p.name}.sink: table {cfg.database}.{cfg.table} exists without "
                           f"columns {missing}")
+
+
+#: ``ReplacingMergeTree(version, is_deleted)`` appeared in ClickHouse 23.2.
+MIN_DELETES_VERSION = (23, 2)
+
+
+def _check_deletes_supported(client: Any, p: PipelineSettings) -> None:
+    """Refuse a server too old for the is_deleted column of ReplacingMergeTree (ConfigError)."""
+    version = str(client.command("SELECT version()"))
+    if parse_version(version)[:2] < MIN_DELETES_VERSION:
+        raise ConfigError(f"pipelines.{p.name}: deletes need ClickHouse {'.'.join(map(str, MIN_DELETES_VERSION))} "
+                          f"or later (ReplacingMergeTree(version, is_deleted)); the server is {version}")
 
 
 def migrate_clickhouse(p: PipelineSettings, *, client_factory: ClientFactory | None = None) -> list[str]:
@@ -84,7 +101,9 @@ def migrate_clickhouse(p: PipelineSettings, *, client_factory: ClientFactory | N
         except IngestError as exc:
             raise ServiceUnreachable(what, str(exc)) from None
         try:
-            for stmt in create_table_sql(cfg):
+            if p.has_deletes:
+                _check_deletes_supported(client, p)
+            for stmt in create_table_sql(cfg, p.has_deletes):
                 client.command(stmt)
             _verify_table(client, p, cfg)
         except ConfigError:
@@ -97,5 +116,6 @@ def migrate_clickhouse(p: PipelineSettings, *, client_factory: ClientFactory | N
     finally:
         sink.close()
     engine = "ReplicatedReplacingMergeTree" if cfg.cluster else "ReplacingMergeTree"
-    return [f"{p.name}: table {cfg.database}.{cfg.table} ({engine}({cfg.version_column}) "
+    version = f"{cfg.version_column}, {DELETED_COLUMN}" if p.has_deletes else cfg.version_column
+    return [f"{p.name}: table {cfg.database}.{cfg.table} ({engine}({version}) "
             f"ORDER BY ({', '.join(cfg.order_by)}))"]

@@ -24,6 +24,8 @@ class ClickHouseColumnSpec(ColumnSpec):
         return ch_type(value).name
 
 
+#: The hidden column of tables with deletes: 1 marks a delete (``ReplacingMergeTree(version, _ingest_deleted)``).
+DELETED_COLUMN = "_ingest_deleted"
 #: Name of the hidden version column added when ``version_column`` is not set.
 CH_DEFAULT_VERSION_COLUMN = "_version"
 CH_URL_RE = re.compile(r"^(https?://[^\s/]+/?|chdb://memory(/[^\s/]*)?|chdb://[^\s]+)$")
@@ -122,6 +124,18 @@ class ClickHouseSinkSettings(SinkSettingsBase):
             raise ValueError("version_column cannot be part of order_by")
         return self
 
+    def check_deletes(self, deletes: Any) -> None:
+        if deletes.mode != "hard":
+            raise ValueError("ClickHouse deletes are hard (rows with _ingest_deleted = 1, hidden by FINAL): "
+                             "set deletes.mode hard")
+        if DELETED_COLUMN in self.columns:
+            raise ValueError(f"column {DELETED_COLUMN!r} is managed by ingest: do not list it among the columns")
+
+    def delete_filler(self) -> list[Any]:
+        """A delete row's other columns: each type's zero value (non-Nullable columns cannot hold NULL;
+        FINAL hides the row anyway)."""
+        return [_zero(t) for t in self.ch_types.values()]
+
     def collapse_rule(self) -> CollapseRule:
         """Rows collapse by the sorting key, the highest version winning (as ReplacingMergeTree keeps it)."""
         names = list(self.columns)
@@ -134,3 +148,16 @@ class ClickHouseSinkSettings(SinkSettingsBase):
         return {name: ch_type(spec.type) for name, spec in self.columns.items()}
 
 
+
+
+def _zero(t: ChType) -> Any:
+    """The value the mapper produces for ``t`` that stands for "nothing" (a delete row's filler)."""
+    from datetime import date
+    from decimal import Decimal
+    from uuid import UUID
+
+    if t.nullable:
+        return None
+    kind = t.inner.kind if t.kind == "lowcardinality" and t.inner is not None else t.kind
+    return {"int": 0, "float": 0.0, "decimal": Decimal(0), "string": "", "json": "{}", "bool": False,
+            "date": date(1970, 1, 1), "datetime64": 0, "uuid": UUID(int=0), "array": []}.get(kind)

@@ -58,6 +58,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from ingest.core.dialects import ch_type
 from ingest.errors import (
     IngestError,
     PermanentError,
@@ -67,7 +68,8 @@ from ingest.errors import (
 from ingest.sinks.base import InTransaction
 from ingest.sinks.clickhouse.arrow import ArrowEncoder
 from ingest.sinks.clickhouse.errors import classify
-from ingest.sinks.clickhouse.settings import ClickHouseSinkSettings
+from ingest.sinks.clickhouse.settings import DELETED_COLUMN, ClickHouseSinkSettings
+from ingest.types import DeleteRow
 
 log = logging.getLogger(__name__)
 
@@ -172,12 +174,15 @@ class ClickHouseSink:
     """
 
     def __init__(self, cfg: ClickHouseSinkSettings, *, pipeline: str,
-                 client_factory: ClientFactory | None = None) -> None:
+                 client_factory: ClientFactory | None = None, deletes: bool = False) -> None:
+        """``deletes``: the pipeline's records can delete: each row gets the hidden ``_ingest_deleted``
+        column (1 for a :class:`~ingest.types.DeleteRow`)."""
         self._cfg = cfg
         self._pipeline = pipeline
         self._factory = client_factory
-        self._columns = list(cfg.columns)
-        ch_types = list(cfg.ch_types.values())
+        self._deletes = deletes
+        self._columns = list(cfg.columns) + ([DELETED_COLUMN] if deletes else [])
+        ch_types = list(cfg.ch_types.values()) + ([ch_type("UInt8")] if deletes else [])
         self._types = [t.ddl for t in ch_types]
         #: Arrow table builder when the columns allow it (``insert_format: auto``); whether the
         #: server reads Arrow is settled when connecting (``_use_arrow``)
@@ -326,6 +331,8 @@ class ClickHouseSink:
             if token is not None and self._token_supported:
                 settings["insert_deduplication_token"] = token
             data = list(zip(*rows))
+            if self._deletes:
+                data.append([1 if type(row) is DeleteRow else 0 for row in rows])
             table = self._arrow_table(data) if self._use_arrow else None
             with self._call_lock():
                 if table is not None:

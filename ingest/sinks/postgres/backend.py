@@ -14,10 +14,11 @@ from ingest.sinks.postgres.sink import PostgresSink
 
 class PostgresBackend:
     kind = "postgres"
-    capabilities = Capabilities(transactions=True, exactly_once=True, row_sources=True)
+    capabilities = Capabilities(transactions=True, exactly_once=True, row_sources=True, deletes=True)
 
     def build(self, pipeline: PipelineSettings, *, lanes: int) -> PostgresSink:
-        return PostgresSink(self._settings(pipeline), pool_size=lanes + 1, name=f"{pipeline.name}-sink")
+        return PostgresSink(self._settings(pipeline), pool_size=lanes + 1, name=f"{pipeline.name}-sink",
+                            deletes=pipeline.deletes if pipeline.has_deletes else None)
 
     def migrate(self, pipeline: PipelineSettings) -> list[str]:
         return migrate_postgres(pipeline)

@@ -65,7 +65,7 @@ from ingest.dlq.postgres import PostgresDlq, entry_row
 from ingest.drivers.postgres import STALE_SESSION_CODES, classify, translate
 from ingest.errors import PermanentError, TransientError
 from ingest.sinks.base import ExactlyOnceResult
-from ingest.types import Failure, Item, Partition
+from ingest.types import DeleteRow, Failure, Item, Partition
 
 if TYPE_CHECKING:
     from ingest.config import PipelineSettings
@@ -253,4 +253,5 @@ class ExactlyOnceWriter:
             with conn.cursor() as cur:
                 self._dlq.put_in(cur, [entry_row(e) for e in entries])
         self._lane_offsets.advance(conn, lane, high)
-        return ExactlyOnceResult(len(written), entries, calls[0], len(items) - len(fresh))
+        deleted = sum(1 for item in written if type(item.row) is DeleteRow)
+        return ExactlyOnceResult(len(written), entries, calls[0], len(items) - len(fresh), deleted)

@@ -21,6 +21,7 @@ from ingest.drivers.postgres import classify, execute_ddl, load_sql
 from ingest.errors import ConfigError, MigrationError
 from ingest.sinks.postgres.exactly_once import LANE_OFFSETS_TABLE, OFFSETS_TABLE
 from ingest.sinks.postgres.settings import SOURCE_COLUMNS, PostgresSinkSettings
+from ingest.sinks.postgres.statements import DeleteStatements, tombstone_table_name
 
 
 def sink_table_sql(cfg: PostgresSinkSettings) -> list[sql.Composable]:
@@ -85,7 +86,15 @@ def migrate_postgres(p: PipelineSettings) -> list[str]:
     assert isinstance(cfg, PostgresSinkSettings)
     dsn = cfg.dsn.get_secret_value()
     what = f"postgres sink of pipeline {p.name!r}"
-    execute_ddl(dsn, what, sink_table_sql(cfg) + [offsets_table_sql(cfg.db_schema)])
+    ddl = sink_table_sql(cfg) + [offsets_table_sql(cfg.db_schema)]
+    made = []
+    if p.has_deletes:
+        d = DeleteStatements(cfg, p.deletes)
+        ddl.append(d.create_tombstones)
+        if d.soft_column_ddl is not None:
+            ddl.append(d.soft_column_ddl)
+        made.append(f"{p.name}: table {cfg.db_schema}.{tombstone_table_name(cfg, p.deletes)} (tombstones)")
+    execute_ddl(dsn, what, ddl)
     try:
         with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
             _lane_offsets_keyed_by_routing(conn, cfg.db_schema)
@@ -97,4 +106,5 @@ def migrate_postgres(p: PipelineSettings) -> list[str]:
             f"pipelines.{p.name}.sink: table {cfg.db_schema}.{cfg.table} exists without a unique "
             f"index on conflict_key {list(cfg.conflict_key)}; add one (upserts need it)"
         )
-    return [f"{p.name}: table {cfg.db_schema}.{cfg.table}", f"{p.name}: table {cfg.db_schema}.{OFFSETS_TABLE}"]
+    return [f"{p.name}: table {cfg.db_schema}.{cfg.table}", *made,
+            f"{p.name}: table {cfg.db_schema}.{OFFSETS_TABLE}"]

@@ -87,6 +87,16 @@ class PostgresSinkSettings(SinkSettingsBase):
                             "first" if self.on_conflict == "nothing" else "last",
                             names.index(self.version_column) if self.version_column else None)
 
+    def check_deletes(self, deletes: Any) -> None:
+        if self.write_method != "copy":
+            raise ValueError("deletes need sink.write_method copy (they are staged with the upserts)")
+        tombstones = deletes.tombstone_table or f"{self.table}_ingest_deleted"
+        if len(tombstones.encode()) > 63:
+            raise ValueError(f"the tombstone table name {tombstones!r} is over 63 bytes: set deletes.tombstone_table")
+        if deletes.mode == "soft" and deletes.soft_column in self.columns:
+            raise ValueError(f"deletes.soft_column {deletes.soft_column!r} is managed by ingest: do not list it "
+                             "among the columns")
+
     @field_validator("columns")
     @classmethod
     def _pg_types(cls, value: dict[str, ColumnSpec]) -> dict[str, ColumnSpec]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,15 +30,23 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
+from ingest.config.cdc import DeleteSettings
 from ingest.drivers.postgres import check_dsn, pooled, translate
 from ingest.sinks.base import InTransaction, RowSource
 from ingest.sinks.postgres.settings import PostgresSinkSettings
-from ingest.sinks.postgres.statements import UpsertStatements, row_sources_query
+from ingest.sinks.postgres.statements import (
+    DeleteStatements,
+    UpsertStatements,
+    row_sources_query,
+)
+from ingest.types import DeleteRow
 
 log = logging.getLogger(__name__)
 
 #: PostgreSQL's wire protocol counts bind parameters in 16 bits: one statement takes at most this many.
 MAX_PARAMETERS = 65_535
+#: How often (at most) a sink removes the tombstones past their retention, inside a batch's transaction.
+TOMBSTONE_EXPIRY_INTERVAL_S = 60.0
 
 
 class PostgresSink:
@@ -49,9 +58,14 @@ class PostgresSink:
     #: ``write`` ignores ``token``: the batch writer need not compute one.
     dedup_tokens = False
 
-    def __init__(self, cfg: PostgresSinkSettings, *, pool_size: int, name: str = "sink") -> None:
+    def __init__(self, cfg: PostgresSinkSettings, *, pool_size: int, name: str = "sink",
+                 deletes: DeleteSettings | None = None) -> None:
+        """``deletes``: the pipeline's records can delete (:class:`~ingest.types.DeleteRow` rows; see
+        :class:`~ingest.sinks.postgres.statements.DeleteStatements`)."""
         self._cfg = cfg
-        self._sql = UpsertStatements(cfg)
+        self._deletes = DeleteStatements(cfg, deletes) if deletes is not None else None
+        self._sql = UpsertStatements(cfg, self._deletes)
+        self._expired_at = 0.0  # monotonic time of the last tombstone expiry
         self._pool_size = max(1, cfg.pool_size or pool_size)
         self._name = name
         self._pool: ConnectionPool | None = None
@@ -158,7 +172,9 @@ class PostgresSink:
 
     def _write_rows(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
         with conn.cursor() as cur:
-            if self._cfg.write_method == "copy":
+            if self._deletes is not None:
+                self._write_changes(cur, rows, self._deletes)
+            elif self._cfg.write_method == "copy":
                 with cur.copy(self._sql.copy_stage) as copy:
                     copy.set_types(self._sql.copy_types)
                     for row in rows:
@@ -172,3 +188,23 @@ class PostgresSink:
                     chunk = rows[start:start + per_statement]
                     cur.execute(self._sql.insert_values(len(chunk)), [v for row in chunk for v in row])
                     self.statements += 1
+
+    def _write_changes(self, cur: psycopg.Cursor[Any], rows: Sequence[tuple[Any, ...]], d: DeleteStatements) -> None:
+        """Stage upserts and deletes with their flag, then upsert, delete and record tombstones
+        (the keys are distinct, so the statements never touch one row twice)."""
+        deletes = 0
+        with cur.copy(self._sql.copy_stage) as copy:
+            copy.set_types(self._sql.copy_types)
+            for row in rows:
+                deleted = type(row) is DeleteRow
+                deletes += deleted
+                copy.write_row((*row, deleted))
+        cur.execute(self._sql.insert_from_stage)
+        self.statements += 2
+        if deletes:
+            cur.execute(d.delete)
+            cur.execute(d.record_tombstones)
+            self.statements += 2
+        if d.retention_s and time.monotonic() - self._expired_at > TOMBSTONE_EXPIRY_INTERVAL_S:
+            self._expired_at = time.monotonic()
+            cur.execute(d.expire)

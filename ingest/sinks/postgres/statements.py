@@ -11,6 +11,7 @@ import hashlib
 
 from psycopg import sql
 
+from ingest.config.cdc import DeleteSettings
 from ingest.core.dialects import pg_base_type
 from ingest.sinks.postgres.settings import (
     OFFSET_COLUMN,
@@ -41,7 +42,9 @@ _COPY_TYPE: dict[str, str] = {
 class UpsertStatements:
     """SQL for one target table, composed once."""
 
-    def __init__(self, cfg: PostgresSinkSettings) -> None:
+    def __init__(self, cfg: PostgresSinkSettings, deletes: DeleteStatements | None = None) -> None:
+        """``deletes``: the table's records can delete: the stage gains the delete flag, the upsert
+        skips delete rows and keys with a newer tombstone (and undeletes a soft-deleted row)."""
         self.columns = list(cfg.columns)
         target = table_ident(cfg.db_schema, cfg.table)
         cols = sql.SQL(", ").join(sql.Identifier(c) for c in self.columns)
@@ -59,26 +62,33 @@ class UpsertStatements:
             self.copy_types.append(_COPY_TYPE.get(base, "text") if staged != "text" else "text")
             cast = sql.SQL("::{}").format(sql.SQL(full)) if base in ("json", "jsonb") else sql.SQL("")
             select_exprs.append(sql.SQL("{}{}").format(sql.Identifier(c), cast))
+        stage_columns = list(cfg.columns)
+        if deletes is not None:
+            stage_columns.append(DELETED_FLAG)
+            stage_types.append("boolean")
+            self.copy_types.append("bool")
         col_defs = sql.SQL(", ").join(
-            sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t)) for c, t in zip(cfg.columns, stage_types)
+            sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t)) for c, t in zip(stage_columns, stage_types)
         )
         self.create_stage = sql.SQL(
             "CREATE TEMP TABLE IF NOT EXISTS {stage} ({defs}) ON COMMIT DELETE ROWS"
         ).format(stage=stage, defs=col_defs)
-        self.copy_stage = sql.SQL("COPY {stage} ({cols}) FROM STDIN (FORMAT BINARY)").format(stage=stage, cols=cols)
+        self.copy_stage = sql.SQL("COPY {stage} ({cols}) FROM STDIN (FORMAT BINARY)").format(
+            stage=stage, cols=sql.SQL(", ").join(sql.Identifier(c) for c in stage_columns))
         # Several pieces may share one transaction (exactly-once savepoints): empty the stage after each.
         self.clear_stage = sql.SQL("DELETE FROM {stage}").format(stage=stage)
         select = sql.SQL(", ").join(select_exprs)
-        conflict = self._conflict_clause(cfg, target)
-        self.insert_from_stage = sql.SQL("INSERT INTO {t} AS t ({cols}) SELECT {sel} FROM {stage}{conflict}").format(
-            t=target, cols=cols, sel=select, stage=stage, conflict=conflict
-        )
+        conflict = self._conflict_clause(cfg, target, deletes.undelete if deletes is not None else sql.SQL(""))
+        self.insert_from_stage = sql.SQL("INSERT INTO {t} AS t ({cols}) SELECT {sel} FROM {stage} AS s{where}{conflict}"
+                                         ).format(t=target, cols=cols, sel=select, stage=stage, conflict=conflict,
+                                                  where=deletes.upsert_filter if deletes is not None else sql.SQL(""))
         self._insert_values_head = sql.SQL("INSERT INTO {t} AS t ({cols}) VALUES ").format(t=target, cols=cols)
         self._conflict = conflict
         self._row_placeholder = sql.SQL("({})").format(sql.SQL(", ").join(sql.Placeholder() * len(self.columns)))
 
     @staticmethod
-    def _conflict_clause(cfg: PostgresSinkSettings, target: sql.Composable) -> sql.Composable:
+    def _conflict_clause(cfg: PostgresSinkSettings, target: sql.Composable,
+                         undelete: sql.Composable) -> sql.Composable:
         if cfg.on_conflict == "none":
             return sql.SQL("")
         keys = sql.SQL(", ").join(sql.Identifier(k) for k in cfg.conflict_key)
@@ -90,7 +100,8 @@ class UpsertStatements:
         assignments = sql.SQL(", ").join(
             sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) for c in updates
         )
-        clause = sql.SQL(" ON CONFLICT ({keys}) DO UPDATE SET {set}").format(keys=keys, set=assignments)
+        clause = sql.SQL(" ON CONFLICT ({keys}) DO UPDATE SET {set}{undelete}").format(keys=keys, set=assignments,
+                                                                                        undelete=undelete)
         if cfg.version_column:
             # The version orders records, across partitions too.
             v = sql.Identifier(cfg.version_column)
@@ -120,3 +131,110 @@ def row_sources_query(cfg: PostgresSinkSettings, n_keys: int) -> sql.Composable:
         keys=sql.SQL(", ").join(sql.Identifier(k) for k in keys), s=sql.Identifier(STREAM_COLUMN),
         o=sql.Identifier(OFFSET_COLUMN), t=table_ident(cfg.db_schema, cfg.table),
         values=sql.SQL(", ").join([one] * n_keys))
+
+
+#: The stage column that marks a delete row (:class:`ingest.types.DeleteRow`) among the upserts.
+DELETED_FLAG = "_ingest_deleted"
+
+
+def tombstone_table_name(cfg: PostgresSinkSettings, deletes: DeleteSettings) -> str:
+    """The tombstone table of a sink table: ``deletes.tombstone_table``, else ``<table>_ingest_deleted``."""
+    return deletes.tombstone_table or f"{cfg.table}_ingest_deleted"
+
+
+class DeleteStatements:
+    """The SQL of a table whose records can delete (``ingest.cdc``), composed once.
+
+    A batch's rows (one per key, collapsed) are staged with a ``_ingest_deleted`` flag. Then, in
+    the batch's transaction:
+
+    - upserts skip keys whose tombstone is newer than the record (a stale upsert must not bring a
+      deleted row back); a soft-deleted row that is upserted again is undeleted;
+    - deletes remove the row (``hard``) or set the soft column (``soft``) only when the delete is not
+      older than the row -- by the version column, or without one by the row's source: a record of
+      the row's own partition at an older offset is older, other partitions apply in arrival order;
+    - every delete's key, version and source go to the tombstone table (the newest kept), where
+      they guard the key for ``tombstone_retention_s``.
+    """
+
+    def __init__(self, cfg: PostgresSinkSettings, deletes: DeleteSettings) -> None:
+        target = table_ident(cfg.db_schema, cfg.table)
+        self.tombstones = table_ident(cfg.db_schema, tombstone_table_name(cfg, deletes))
+        self.retention_s = deletes.tombstone_retention_s
+        keys = list(cfg.conflict_key)
+        #: the columns a delete row carries besides its key: the version and the hidden source columns
+        self.order_columns = [c for c in ([cfg.version_column] if cfg.version_column else [])
+                              + [c for c in (STREAM_COLUMN, OFFSET_COLUMN) if c in cfg.columns]]
+        self.tombstone_columns = keys + self.order_columns
+        ident = sql.Identifier
+        flag = ident(DELETED_FLAG)
+        key_match = sql.SQL(" AND ").join(sql.SQL("t.{k} = s.{k}").format(k=ident(k)) for k in keys)
+        d_match = sql.SQL(" AND ").join(sql.SQL("d.{k} = s.{k}").format(k=ident(k)) for k in keys)
+        not_older = self._not_older(cfg, "s", "t")
+        #: extra condition of the upsert's SELECT from the stage (``s``): not a delete, no newer tombstone
+        self.upsert_filter = sql.SQL(" WHERE NOT s.{flag} AND NOT EXISTS (SELECT 1 FROM {tomb} d WHERE {m} AND {newer})"
+                                     ).format(flag=flag, tomb=self.tombstones, m=d_match,
+                                              newer=self._newer(cfg, "d", "s"))
+        soft = deletes.mode == "soft"
+        self.soft_column = deletes.soft_column if soft else None
+        stage = sql.Identifier(stage_name(cfg.db_schema, cfg.table))
+        if soft:
+            col = ident(deletes.soft_column)
+            mark = sql.SQL("now()") if deletes.soft_column_type == "timestamptz" else sql.SQL("true")
+            live = (sql.SQL("t.{c} IS NULL") if deletes.soft_column_type == "timestamptz"
+                    else sql.SQL("NOT t.{c}")).format(c=col)
+            sets = sql.SQL(", ").join([sql.SQL("{c} = {m}").format(c=col, m=mark)]
+                                      + [sql.SQL("{c} = s.{c}").format(c=ident(c)) for c in self.order_columns])
+            self.delete = sql.SQL("UPDATE {t} AS t SET {sets} FROM {stage} AS s WHERE s.{flag} AND {km} AND {live} "
+                                  "AND {ok}").format(t=target, sets=sets, stage=stage, flag=flag, km=key_match,
+                                                     live=live, ok=not_older)
+            #: ``ON CONFLICT DO UPDATE SET`` of the upsert gains ``soft = DEFAULT``: an upsert undeletes
+            self.undelete = sql.SQL(", {c} = DEFAULT").format(c=col)
+            soft_type = "timestamptz" if deletes.soft_column_type == "timestamptz" else "boolean NOT NULL DEFAULT false"
+            self.soft_column_ddl = sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {c} {ty}").format(
+                t=target, c=col, ty=sql.SQL(soft_type))
+        else:
+            self.delete = sql.SQL("DELETE FROM {t} AS t USING {stage} AS s WHERE s.{flag} AND {km} AND {ok}").format(
+                t=target, stage=stage, flag=flag, km=key_match, ok=not_older)
+            self.undelete = sql.SQL("")
+            self.soft_column_ddl = None
+        cols = sql.SQL(", ").join(ident(c) for c in self.tombstone_columns)
+        updates = sql.SQL(", ").join([sql.SQL("{c} = EXCLUDED.{c}").format(c=ident(c)) for c in self.order_columns]
+                                     + [sql.SQL("deleted_at = now()")])
+        self.record_tombstones = sql.SQL(
+            "INSERT INTO {tomb} AS t ({cols}) SELECT {cols} FROM {stage} WHERE {flag} "
+            "ON CONFLICT ({keys}) DO UPDATE SET {updates} WHERE {ok}").format(
+            tomb=self.tombstones, cols=cols, stage=stage, flag=flag,
+            keys=sql.SQL(", ").join(ident(k) for k in keys), updates=updates,
+            ok=self._not_older(cfg, "EXCLUDED", "t"))
+        self.expire = sql.SQL("DELETE FROM {tomb} WHERE deleted_at < now() - make_interval(secs => {s})").format(
+            tomb=self.tombstones, s=sql.Literal(self.retention_s))
+        defs = [sql.SQL("{} {} NOT NULL").format(ident(k), sql.SQL(pg_base_type(cfg.columns[k].type)[1]))
+                for k in keys]
+        defs += [sql.SQL("{} {}").format(ident(c), sql.SQL(pg_base_type(cfg.columns[c].type)[1]))
+                 for c in self.order_columns]
+        defs += [sql.SQL("deleted_at timestamptz NOT NULL DEFAULT now()"),
+                 sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(ident(k) for k in keys))]
+        self.create_tombstones = sql.SQL("CREATE TABLE IF NOT EXISTS {tomb} ({defs})").format(
+            tomb=self.tombstones, defs=sql.SQL(", ").join(defs))
+
+    @staticmethod
+    def _not_older(cfg: PostgresSinkSettings, new: str, old: str) -> sql.Composable:
+        """``new`` (a staged delete, or a tombstone's new values) is not older than ``old`` (the row / tombstone)."""
+        n, o = sql.Identifier(new) if new != "EXCLUDED" else sql.SQL("EXCLUDED"), sql.Identifier(old)
+        if cfg.version_column:
+            v = sql.Identifier(cfg.version_column)
+            return sql.SQL("({o}.{v} IS NULL OR {n}.{v} >= {o}.{v})").format(n=n, o=o, v=v)
+        s, off = sql.Identifier(STREAM_COLUMN), sql.Identifier(OFFSET_COLUMN)
+        return sql.SQL("({o}.{s} IS DISTINCT FROM {n}.{s} OR {o}.{off} IS NULL OR {n}.{off} >= {o}.{off})").format(
+            n=n, o=o, s=s, off=off)
+
+    @staticmethod
+    def _newer(cfg: PostgresSinkSettings, tomb: str, rec: str) -> sql.Composable:
+        """The tombstone ``tomb`` is newer than the staged record ``rec`` (which must then not be written)."""
+        d, r = sql.Identifier(tomb), sql.Identifier(rec)
+        if cfg.version_column:
+            v = sql.Identifier(cfg.version_column)
+            return sql.SQL("{d}.{v} > {r}.{v}").format(d=d, r=r, v=v)
+        s, off = sql.Identifier(STREAM_COLUMN), sql.Identifier(OFFSET_COLUMN)
+        return sql.SQL("{d}.{s} = {r}.{s} AND {d}.{off} > {r}.{off}").format(d=d, r=r, s=s, off=off)

@@ -1,0 +1,143 @@
+"""Records → rows for pipelines whose records can delete (``envelope: debezium``, ``tombstones: delete``).
+
+:class:`ChangeMapper` has the mapper's contract (``map(record) -> (row, ordering_key)``, raising
+:class:`~ingest.errors.InvalidRecord` for poison) and two more outcomes:
+
+- a :class:`~ingest.types.DeleteRow` for a record that deletes its key: a Debezium delete event
+  (op ``d``: the key read from the ``before`` image, or from the record key when the source table
+  sends no before image), or a tombstone (``tombstones: delete``: the key read from the record key);
+- :class:`~ingest.errors.NoChange` for a record handled without a row: a truncate with
+  ``truncate: ignore``, and a Debezium tombstone when the version column comes from the event
+  (the delete event just before it carried the version and did the delete; the tombstone, which
+  carries none, cannot be ordered against the key's other records and adds nothing).
+
+A delete row carries the key columns, the version column and the sink's hidden ``_ingest_*``
+columns (where the record was read: the order guard of tables without a version); every other
+position holds the sink's filler. Upserts (ops ``c``, ``r``, ``u``) map the ``after`` image with
+the pipeline's columns: ``$`` paths read the row image, ``@source.PATH`` reads the event's
+``source`` block (e.g. ``@source.lsn`` as the version), metadata sources read the record.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ingest.cdc.debezium import unwrap, unwrap_key
+from ingest.config import PipelineSettings
+from ingest.core.mapping import Mapper
+from ingest.errors import IngestError, InvalidRecord, NoChange
+from ingest.formats.base import Decoder
+from ingest.types import DeleteRow, Record
+
+__all__ = ["ChangeMapper", "mapper_for"]
+
+#: Where a row image carries the event's ``source`` block for ``@source.PATH`` columns.
+_SOURCE_KEY = "@source"
+_UPSERT_OPS = frozenset(("c", "r", "u"))
+#: Hidden columns a sink adds to its rows (the PostgreSQL order guard's source columns).
+_HIDDEN_PREFIX = "_ingest_"
+
+
+def mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,
+               key_decoder: Decoder | None = None) -> Mapper | ChangeMapper:
+    """The mapper of ``settings``: a plain :class:`Mapper`, or a :class:`ChangeMapper` when records can delete."""
+    if not settings.has_deletes:
+        return Mapper(settings.sink.columns, settings.key, decoder=decoder, key_decoder=key_decoder)
+    return ChangeMapper(settings, decoder=decoder, key_decoder=key_decoder)
+
+
+class ChangeMapper:
+    """Maps upserts, deletes and the records handled without a row (see the module docstring).
+
+    Thread-safe like :class:`Mapper` (no mutable state). Raises ValueError for settings it cannot map.
+    """
+
+    def __init__(self, settings: PipelineSettings, *, decoder: Decoder | None = None,
+                 key_decoder: Decoder | None = None) -> None:
+        sink = settings.sink
+        columns = {name: (spec.model_copy(update={"source": "$." + spec.source})
+                          if (spec.source or "").startswith("@source.") else spec)
+                   for name, spec in sink.columns.items()}
+        self._wants_source = any((spec.source or "").startswith("@source.") for spec in sink.columns.values())
+        self._upserts = Mapper(columns, settings.key, decoder=decoder, key_decoder=key_decoder)
+        self.column_names = self._upserts.column_names
+        self.column_types = self._upserts.column_types
+        rule = sink.collapse_rule()
+        assert rule.key_index is not None, "validated by the pipeline settings"
+        names = list(columns)
+        kept = set(rule.key_index) | {i for i, n in enumerate(names) if n.startswith(_HIDDEN_PREFIX)}
+        if rule.version_index is not None:
+            kept.add(rule.version_index)
+        self._positions = sorted(kept)
+        key_names = {names[i] for i in rule.key_index}
+        delete_columns = {names[i]: (columns[names[i]].model_copy(update={"required": True})
+                                     if names[i] in key_names else columns[names[i]]) for i in self._positions}
+        self._deletes = Mapper(delete_columns, None, decoder=decoder, key_decoder=key_decoder)
+        self._filler = tuple(sink.delete_filler())
+        self._debezium = settings.envelope == "debezium"
+        self._tombstones = settings.effective_tombstones
+        self._truncate = settings.truncate
+        version_source = (sink.column_source(names[rule.version_index]) if rule.version_index is not None else "@")
+        #: a Debezium tombstone cannot carry the version: it is only a delete when the version is metadata
+        self._tombstone_is_delete = not (self._debezium and (version_source.startswith("$")
+                                                             or version_source.startswith("@source.")))
+        self._key_decoder = key_decoder
+
+    def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
+        """``(row, ordering_key)``: an upsert's row or a :class:`DeleteRow`. Raises InvalidRecord, NoChange."""
+        if record.value is None:
+            return self._tombstone(record)
+        if not self._debezium:
+            return self._upserts.map(record)
+        change = unwrap(self._upserts.decode(record))
+        op = change.op
+        if op in _UPSERT_OPS:
+            image: Any = change.after
+            if self._wants_source:
+                image[_SOURCE_KEY] = change.source
+            return self._upserts.map_document(record, image)
+        if op == "d":
+            image = change.before if change.before is not None else self._key_document(record)
+            if self._wants_source and type(image) is dict:
+                image[_SOURCE_KEY] = change.source
+            return self._delete(record, image)
+        # op "t" (unwrap accepts no other)
+        if self._truncate == "ignore":
+            raise NoChange("truncate ignored")
+        raise InvalidRecord("map", "truncate", "a truncate event (op t) cannot be applied by key; "
+                            "it is dead-lettered (truncate: dlq)")
+
+    def _tombstone(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
+        if self._tombstones == "dlq":
+            raise InvalidRecord("decode", "tombstone", "record value is null (tombstone)")
+        if self._tombstones == "skip" or not self._tombstone_is_delete:
+            raise NoChange("tombstone")
+        return self._delete(record, self._key_document(record) if self._debezium else None)
+
+    def _delete(self, record: Record, image: Any) -> tuple[tuple[Any, ...], bytes | None]:
+        values, key = self._deletes.map_document(record, image)
+        row = list(self._filler)
+        for position, value in zip(self._positions, values):
+            row[position] = value
+        return DeleteRow(row), key
+
+    def _key_document(self, record: Record) -> Any:
+        """The record key decoded (by ``key_format``, else as JSON) and unwrapped (Debezium's schema part)."""
+        if record.key is None:
+            raise InvalidRecord("map", "missing_field", "a delete without a row image needs the record key, "
+                                "and the record has none")
+        if self._key_decoder is not None:
+            try:
+                doc = self._key_decoder.decode(record)
+            except IngestError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a decoder's bug must not crash the pipeline
+                raise InvalidRecord("decode", "undecodable", f"record key could not be decoded: {exc}"[:300]) from None
+        else:
+            try:
+                doc = orjson.loads(record.key)
+            except orjson.JSONDecodeError as exc:
+                raise InvalidRecord("decode", "invalid_json", f"record key is not valid JSON: {exc}"[:300]) from None
+        return unwrap_key(doc) if self._debezium else doc

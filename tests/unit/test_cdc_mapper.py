@@ -1,0 +1,131 @@
+"""ChangeMapper (ingest/cdc/mapper.py) and the settings of pipelines with deletes: pure logic."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from pydantic import ValidationError
+
+from ingest.cdc.mapper import ChangeMapper, mapper_for
+from ingest.config import PipelineSettings
+from ingest.core.mapping import Mapper
+from ingest.errors import InvalidRecord, NoChange
+from ingest.types import DeleteRow, Record
+
+PG_COLUMNS = {"id": {"type": "bigint"}, "name": {"type": "text"}, "lsn": {"type": "bigint", "source": "@source.lsn"}}
+PLAIN = {"table": "items", "conflict_key": ["id"], "columns": {"id": {"type": "bigint"}, "name": {"type": "text"}}}
+
+
+def _settings(**pipeline: Any) -> PipelineSettings:
+    sink = pipeline.pop("sink", {"table": "items", "conflict_key": ["id"], "version_column": "lsn",
+                                 "columns": PG_COLUMNS})
+    return PipelineSettings.model_validate({"name": "p", "topics": ["t"], "sink": sink, **pipeline})
+
+
+def _event(op: str, before: Any, after: Any, lsn: int = 7) -> bytes:
+    return orjson.dumps({"before": before, "after": after, "op": op, "ts_ms": 1, "source": {"lsn": lsn, "ts_ms": 2}})
+
+
+def _record(value: bytes | None, key: bytes | None = b'{"id": 1}', offset: int = 3) -> Record:
+    return Record("t", 0, offset, key, value, None)
+
+
+def test_upserts_map_the_after_image_and_read_the_source_block() -> None:
+    m = mapper_for(_settings(envelope="debezium"))
+    assert isinstance(m, ChangeMapper)
+    row, _ = m.map(_record(_event("u", {"id": 1, "name": "old"}, {"id": 1, "name": "new"}, lsn=42)))
+    assert type(row) is tuple and row[:3] == (1, "new", 42)
+
+
+def test_a_delete_carries_the_key_version_and_source_columns_only() -> None:
+    m = mapper_for(_settings(envelope="debezium"))
+    row, _ = m.map(_record(_event("d", {"id": 5, "name": "gone"}, None, lsn=43), offset=9))
+    assert type(row) is DeleteRow
+    names = m.column_names
+    values = dict(zip(names, row))
+    assert values["id"] == 5 and values["lsn"] == 43 and values["name"] is None
+    assert values["_ingest_offset"] == 9 and values["_ingest_stream"] is not None
+
+
+def test_a_delete_without_a_before_image_reads_the_record_key() -> None:
+    m = mapper_for(_settings(envelope="debezium"))
+    key = orjson.dumps({"schema": {"type": "struct", "fields": [{"field": "id", "type": "int64"}]},
+                        "payload": {"id": 11}})
+    row, _ = m.map(_record(_event("d", None, None), key=key))
+    assert type(row) is DeleteRow and row[0] == 11
+
+
+def test_a_debezium_tombstone_is_a_no_change_when_the_version_comes_from_the_event() -> None:
+    m = mapper_for(_settings(envelope="debezium"))
+    with pytest.raises(NoChange):
+        m.map(_record(None))
+
+
+def test_a_debezium_tombstone_deletes_when_the_version_is_metadata() -> None:
+    cols = {"id": {"type": "bigint"}, "name": {"type": "text"}, "off": {"type": "bigint", "source": "@offset"}}
+    m = mapper_for(_settings(envelope="debezium", sink={"table": "x", "conflict_key": ["id"],
+                                                        "version_column": "off", "columns": cols}))
+    row, _ = m.map(_record(None, key=b'{"id": 4}', offset=12))
+    assert type(row) is DeleteRow and row[0] == 4 and row[2] == 12
+
+
+def test_plain_tombstones_delete_by_the_record_key() -> None:
+    cols = {"k": {"type": "bigint", "source": "@key"}, "v": {"type": "text"}}
+    settings = _settings(tombstones="delete", sink={"table": "kv", "conflict_key": ["k"], "columns": cols})
+    m = mapper_for(settings)
+    row, _ = m.map(_record(None, key=b"17"))
+    assert type(row) is DeleteRow and row[:2] == (17, None)
+    upsert, _ = m.map(_record(b'{"v": "x"}', key=b"17"))
+    assert type(upsert) is tuple and upsert[:2] == (17, "x")
+
+
+def test_truncates_are_ignored_or_poison() -> None:
+    with pytest.raises(NoChange):
+        mapper_for(_settings(envelope="debezium")).map(_record(_event("t", None, None)))
+    with pytest.raises(InvalidRecord) as err:
+        mapper_for(_settings(envelope="debezium", truncate="dlq")).map(_record(_event("t", None, None)))
+    assert (err.value.stage, err.value.error_class) == ("map", "truncate")
+
+
+def test_a_delete_without_its_key_is_poison_naming_the_column() -> None:
+    m = mapper_for(_settings(envelope="debezium"))
+    with pytest.raises(InvalidRecord) as err:
+        m.map(_record(_event("d", {"name": "no id"}, None)))
+    assert err.value.error_class == "missing_field" and "'id'" in err.value.message
+
+
+def test_tombstones_dlq_and_skip_keep_their_meaning() -> None:
+    with pytest.raises(InvalidRecord) as err:
+        mapper_for(_settings(envelope="debezium", tombstones="dlq")).map(_record(None))
+    assert err.value.error_class == "tombstone"
+    assert isinstance(mapper_for(_settings(sink=PLAIN)), Mapper)  # no deletes: the plain mapper
+
+
+@pytest.mark.parametrize(("pipeline", "needle"), [
+    ({"tombstones": "delete", "sink": PLAIN}, "must be read from the record key"),
+    ({"sink": {"table": "x", "on_conflict": "none", "columns": PG_COLUMNS}, "envelope": "debezium"},
+     "updates rows by key"),
+    ({"envelope": "debezium", "sink": {"table": "x", "conflict_key": ["id"], "write_method": "values",
+                                       "columns": PG_COLUMNS}}, "write_method copy"),
+    ({}, "set envelope debezium"),
+    ({"envelope": "debezium", "deletes": {"mode": "soft", "soft_column": "name"}}, "managed by ingest"),
+    ({"envelope": "debezium", "deletes": {"mode": "soft"},
+      "sink": {"kind": "clickhouse", "table": "x", "order_by": ["id"], "columns": {"id": {"type": "Int64"}}},
+      "dlq": {"dsn": "postgresql://localhost/x"}},
+     "ClickHouse deletes are hard"),
+])
+def test_settings_that_cannot_delete_are_refused_naming_why(pipeline: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        _settings(**pipeline)
+    assert needle in str(err.value)
+
+
+def test_clickhouse_delete_rows_fill_non_nullable_columns_with_zeros() -> None:
+    sink = {"kind": "clickhouse", "table": "x", "order_by": ["id"], "version_column": "v",
+            "columns": {"id": {"type": "Int64"}, "s": {"type": "String"}, "n": {"type": "Nullable(Int32)"},
+                        "v": {"type": "UInt64", "source": "@source.lsn"}}}
+    m = mapper_for(_settings(envelope="debezium", sink=sink, dlq={"dsn": "postgresql://localhost/x"}))
+    row, _ = m.map(_record(_event("d", {"id": 3}, None, lsn=8)))
+    assert type(row) is DeleteRow and tuple(row) == (3, "", None, 8)
