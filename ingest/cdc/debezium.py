@@ -104,6 +104,7 @@ from datetime import date, datetime, time, timedelta, timezone
 from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
 from typing import Any
 
+from ingest.core.mapping.common import _show
 from ingest.errors import InvalidRecord
 
 __all__ = ["CACHE_SIZE", "Change", "unwrap", "unwrap_key"]
@@ -352,18 +353,6 @@ def _apply(row: dict[str, Any], plan: tuple[tuple[str, Callable[[Any], Any], str
         raise InvalidRecord("map", "invalid_value",
                             f"Debezium field {key!r} ({desc}): {_show(v)} does not decode: {exc}") from None
     return out
-
-
-def _show(v: Any) -> str:
-    if isinstance(v, dict):
-        return "an object"
-    if isinstance(v, list):
-        return "an array"
-    try:
-        text = repr(v)
-    except Exception:  # e.g. an int too long to print
-        return f"a {type(v).__name__}"
-    return f"{type(v).__name__} {text if len(text) <= 80 else text[:77] + '...'}"
 
 
 def _not_event(why: str) -> InvalidRecord:
