@@ -129,3 +129,39 @@ def test_clickhouse_delete_rows_fill_non_nullable_columns_with_zeros() -> None:
     m = mapper_for(_settings(envelope="debezium", sink=sink, dlq={"dsn": "postgresql://localhost/x"}))
     row, _ = m.map(_record(_event("d", {"id": 3}, None, lsn=8)))
     assert type(row) is DeleteRow and tuple(row) == (3, "", None, 8)
+
+
+class _VersionClient:
+    """Answers ``SELECT version()`` like a server of ``version`` (pure logic of the version check)."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+
+    def command(self, sql: str) -> str:
+        assert sql == "SELECT version()"
+        return self.version
+
+
+@pytest.mark.parametrize(("version", "refused"), [("22.8.21.38", True), ("23.1.9", True), ("23.2.1", False),
+                                                  ("26.9.2.1", False)])
+def test_clickhouse_deletes_need_a_server_with_is_deleted(version: str, refused: bool) -> None:
+    from ingest.errors import ConfigError
+    from ingest.sinks.clickhouse.schema import _check_deletes_supported
+
+    settings = _settings(envelope="debezium", dlq={"dsn": "postgresql://localhost/x"},
+                         sink={"kind": "clickhouse", "table": "x", "order_by": ["id"], "columns": {"id": {"type": "Int64"}}})
+    if refused:
+        with pytest.raises(ConfigError, match=f"deletes need ClickHouse 23.2 or later .* the server is {version}"):
+            _check_deletes_supported(_VersionClient(version), settings)
+    else:
+        _check_deletes_supported(_VersionClient(version), settings)
+
+
+def test_clickhouse_tables_with_deletes_have_the_is_deleted_column() -> None:
+    from ingest.sinks.clickhouse.schema import create_table_sql
+
+    settings = _settings(envelope="debezium", dlq={"dsn": "postgresql://localhost/x"},
+                         sink={"kind": "clickhouse", "table": "x", "order_by": ["id"], "columns": {"id": {"type": "Int64"}}})
+    ddl = create_table_sql(settings.sink, deletes=True)[1]
+    assert "`_ingest_deleted` UInt8" in ddl and "ReplacingMergeTree(`_version`, `_ingest_deleted`)" in ddl
+    assert "_ingest_deleted" not in create_table_sql(settings.sink)[1]
