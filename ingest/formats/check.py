@@ -39,9 +39,15 @@ def check_schemas(pipeline: Any, decoder: Any, key_decoder: Any = None) -> Schem
 
 def _check(pipeline: Any, decoder: Any, subjects: list[str], prefix: str, report: SchemaReport) -> None:
     """Each subject's latest schema, and the columns whose sources (starting with ``prefix``) it lacks."""
-    has_path = getattr(decoder, "has_path", None)
-    if has_path is None:
+    format_has_path = getattr(decoder, "has_path", None)
+    if format_has_path is None:
         return
+    # Change events (envelope debezium): the columns' $-paths read the row image, the ``after`` field.
+    image = ((True, "after"),) if prefix == "$" and getattr(pipeline, "envelope", "none") == "debezium" else ()
+
+    def has_path(schema: Any, steps: Any) -> bool:
+        return bool(format_has_path(schema, (*image, *steps)))
+
     store = getattr(decoder, "store", None)
     if store is None:  # one schema from a file
         schema = decoder.file_schema
