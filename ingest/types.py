@@ -125,7 +125,15 @@ class DeleteRow(tuple):  # type: ignore[type-arg]
     The same width and positions as the sink's rows, so collapsing and routing treat it like any
     row; only the key columns, the version column and the hidden source columns hold values (the
     rest is each column's filler: ``None``, or the zero value a ClickHouse column needs). A sink
-    tells it from an upsert by ``type(row) is DeleteRow``.
+    tells it from an upsert by ``isinstance(row, DeleteRow)``.
     """
+
+    __slots__ = ()
+
+
+class ImageDeleteRow(DeleteRow):
+    """A soft delete that also carries the row's values: the batch held an upsert of the key before
+    its delete (:mod:`ingest.core.collapse`, ``merge_deletes``), so the sink writes that row, marked
+    deleted, as applying both one by one would have left it."""
 
     __slots__ = ()

@@ -203,7 +203,7 @@ class BatchWriter:
         for item, exc in poison:
             failures.append(DlqEntry(self._pipeline, item.record, Failure.from_write_error(exc)))
         result.rows_written = len(written)
-        result.rows_deleted = sum(1 for item in written if type(item.row) is DeleteRow)
+        result.rows_deleted = sum(1 for item in written if isinstance(item.row, DeleteRow))
         if failures:
             for attempt in self._retrying("dlq write", retries):
                 with attempt:

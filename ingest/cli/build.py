@@ -101,7 +101,7 @@ def build_pipeline(settings: Settings, p: PipelineSettings, *, stop: threading.E
     offset_store = backend.offset_store(p)
     exactly_once = backend.exactly_once_writer(sink, p, dlq) if offset_store is not None else None
     writer = BatchWriter(pipeline=p.name, write=sink.write, dlq=dlq, retry=p.retry,
-                         collapse_rule=p.sink.collapse_rule(), abort=abort, exactly_once=exactly_once,
+                         collapse_rule=p.collapse_rule(), abort=abort, exactly_once=exactly_once,
                          insert_tokens=backend.capabilities.insert_tokens)
     source_factory = functools.partial(KafkaSource, settings.kafka, p.effective_group_id, list(p.topics))
     pipeline = Pipeline(

@@ -7,6 +7,7 @@ kind brings its own settings class and needs no change here.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 from pydantic import (
@@ -28,6 +29,7 @@ from ingest.config.base import (
     check_identifier,
 )
 from ingest.config.cdc import DeleteSettings
+from ingest.core.collapse import CollapseRule
 
 
 class KafkaSettings(Frozen):
@@ -229,6 +231,13 @@ class PipelineSettings(Frozen):
                 raise ValueError("tombstones delete: the version column must come from the record's metadata "
                                  "(e.g. @offset, @timestamp, @header.NAME): a tombstone has no value")
         return self
+
+    def collapse_rule(self) -> CollapseRule:
+        """The sink's collapse rule (ingest.core.collapse), merging soft deletes when the pipeline has them."""
+        rule = self.sink.collapse_rule()
+        if self.has_deletes and self.deletes.mode == "soft":
+            return dataclasses.replace(rule, merge_deletes=True)
+        return rule
 
     @property
     def effective_group_id(self) -> str:

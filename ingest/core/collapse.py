@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ingest.types import Item
+from ingest.types import DeleteRow, ImageDeleteRow, Item
 
 __all__ = ["CollapseRule", "collapse"]
 
@@ -49,6 +49,9 @@ class CollapseRule:
     key_index: tuple[int, ...] | None
     keep: Literal["last", "first"] = "last"
     version_index: int | None = None
+    #: soft deletes: a group whose winner is a delete with an upsert behind it writes that upsert's
+    #: values marked deleted (an :class:`~ingest.types.ImageDeleteRow`), as applying both would
+    merge_deletes: bool = False
 
 
 def collapse(items: Sequence[Item], rule: CollapseRule) -> tuple[list[Item], list[list[Item]]]:
@@ -82,11 +85,42 @@ def collapse(items: Sequence[Item], rule: CollapseRule) -> tuple[list[Item], lis
         return failed, list(groups.values())
     vi = rule.version_index
     if vi is None:
-        return failed, [group[::-1] if len(group) > 1 else group for group in groups.values()]
+        ordered = [group[::-1] if len(group) > 1 else group for group in groups.values()]
+    else:
+        def version(item: Item) -> Any:
+            return item.row[vi]  # type: ignore[index]
 
-    def version(item: Item) -> Any:
-        return item.row[vi]  # type: ignore[index]
+        # Latest first, then a stable sort by version: the highest version first, ties latest first.
+        ordered = [sorted(group[::-1], key=version, reverse=True) if len(group) > 1 else group
+                   for group in groups.values()]
+    if rule.merge_deletes:
+        ordered = [_merged(group, groups[key_of(group[0].row)], vi)
+                   if len(group) > 1 and type(group[0].row) is DeleteRow else group
+                   for group in ordered]
+    return failed, ordered
 
-    # Latest first, then a stable sort by version: the highest version first, ties latest first.
-    return failed, [sorted(group[::-1], key=version, reverse=True) if len(group) > 1 else group
-                    for group in groups.values()]
+
+def _merged(ordered: list[Item], consumed: list[Item], vi: int | None) -> list[Item]:
+    """A soft delete winning its group: with the values the key's row held just before it in the batch.
+
+    Applies the group's records one by one (``consumed``: consumption order) with the sink's rule (a
+    record not older than the key's state applies); a delete keeps the values of the state it marks.
+    When the winning delete ends up with values, it carries them (an ImageDeleteRow: the upsert's
+    values, the delete's key, version and source -- its non-NULL values); otherwise it marks whatever
+    the table holds. The table's own row is not known here: a batch's upsert older than the table's
+    row but not than the delete still lends its values (see the README's CDC limits).
+    """
+    values: tuple[Any, ...] | None = None
+    version: Any = None
+    for item in consumed:
+        row = item.row
+        if vi is not None and version is not None and row[vi] < version:  # type: ignore[index]
+            continue
+        version = row[vi] if vi is not None else None  # type: ignore[index]
+        if not isinstance(row, DeleteRow):
+            values = row
+    delete = ordered[0]
+    if values is None:
+        return ordered
+    row = ImageDeleteRow(d if d is not None else u for d, u in zip(delete.row, values))  # type: ignore[arg-type]
+    return [Item(delete.record, row, None, delete.epoch, delete.size_bytes), *ordered[1:]]

@@ -121,7 +121,7 @@ class Replayer:
         self._mapper = mapper_for(pipeline, decoder=decoder, key_decoder=key_decoder)
         #: fetches the schemas a chunk names (registry formats) before it is mapped
         self._prepare = prepare_all(decoder, key_decoder)
-        self._rule = pipeline.sink.collapse_rule()
+        self._rule = pipeline.collapse_rule()
         # The order guard needs row sources, and applies only where offsets order the rows (no version).
         self._guarded = (sink is not None and capabilities.row_sources and pipeline.sink.tracks_sources
                          and self._rule.version_index is None)

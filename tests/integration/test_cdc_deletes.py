@@ -132,8 +132,8 @@ def test_debezium_events_mirror_the_source_table_in_postgres(tmp_path, kafka_boo
 
 
 def test_soft_deletes_keep_the_row_and_mark_it(tmp_path, kafka_bootstrap, pg_dsn, new_topic, group_id):
-    """Soft deletes mark the row the table holds (a key inserted and deleted inside one batch never gets a
-    row: the batch writes each key's last change). An upsert undeletes; stale records change nothing."""
+    """Soft deletes mark the row and keep its values, whether its upsert came in an earlier batch or in the
+    delete's own. An upsert undeletes; stale records change nothing; a key that never existed gets no row."""
     topic = new_topic(partitions=1)
     path = migrate(tmp_path, _config(kafka_bootstrap, topic, group_id, _pg_sink(pg_dsn),
                                      deletes={"mode": "soft", "soft_column": "deleted_at"}))
@@ -150,13 +150,17 @@ def test_soft_deletes_keep_the_row_and_mark_it(tmp_path, kafka_bootstrap, pg_dsn
     then.upsert(4, 14, apply=False)       # stale: older than its delete
     then.delete(99, 24)                   # never existed: no row appears
     then.delete(2, 20)                    # again: a no-op
+    then.upsert(5, 25)
+    then.upsert(5, 26, op="u")
+    then.delete(5, 27)                    # inserted and deleted in one batch: kept, marked deleted
     produce(kafka_bootstrap, topic, then.records)
     _run(path, tmp_path)
     rows = {r["id"]: r for r in _pg_rows(pg_dsn, "SELECT id, name, price, qty, updated_at, lsn, deleted_at FROM items")}
     live = {i: {k: v for k, v in r.items() if k != "deleted_at"} for i, r in rows.items() if r["deleted_at"] is None}
     assert live == then.table
     deleted = {i: (r["lsn"], r["name"]) for i, r in rows.items() if r["deleted_at"] is not None}
-    assert deleted == {2: (20, "item 2 at 12"), 4: (23, "item 4 at 14")}  # the row's values kept, its version moved
+    # the row's values kept, its version moved
+    assert deleted == {2: (20, "item 2 at 12"), 4: (23, "item 4 at 14"), 5: (27, "item 5 at 26")}
     assert dlq_rows(pg_dsn) == []
 
 

@@ -332,7 +332,7 @@ class ClickHouseSink:
                 settings["insert_deduplication_token"] = token
             data = list(zip(*rows))
             if self._deletes:
-                data.append([1 if type(row) is DeleteRow else 0 for row in rows])
+                data.append([1 if isinstance(row, DeleteRow) else 0 for row in rows])
             table = self._arrow_table(data) if self._use_arrow else None
             with self._call_lock():
                 if table is not None:

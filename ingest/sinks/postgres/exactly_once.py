@@ -221,7 +221,7 @@ class ExactlyOnceWriter:
         self._sink = sink
         self._pipeline = pipeline.name
         self._dlq = dlq
-        self._rule = cfg.collapse_rule()
+        self._rule = pipeline.collapse_rule()
         routing = ROUTING_ROW_KEY if self._rule.key_index is not None else ROUTING_RECORD_KEY
         self._lane_offsets = LaneOffsets(cfg.db_schema, pipeline.name, pipeline.lanes, routing)  # type: ignore[attr-defined]
 
@@ -253,5 +253,5 @@ class ExactlyOnceWriter:
             with conn.cursor() as cur:
                 self._dlq.put_in(cur, [entry_row(e) for e in entries])
         self._lane_offsets.advance(conn, lane, high)
-        deleted = sum(1 for item in written if type(item.row) is DeleteRow)
+        deleted = sum(1 for item in written if isinstance(item.row, DeleteRow))
         return ExactlyOnceResult(len(written), entries, calls[0], len(items) - len(fresh), deleted)

@@ -39,7 +39,7 @@ from ingest.sinks.postgres.statements import (
     UpsertStatements,
     row_sources_query,
 )
-from ingest.types import DeleteRow
+from ingest.types import DeleteRow, ImageDeleteRow
 
 log = logging.getLogger(__name__)
 
@@ -196,13 +196,15 @@ class PostgresSink:
         with cur.copy(self._sql.copy_stage) as copy:
             copy.set_types(self._sql.copy_types)
             for row in rows:
-                deleted = type(row) is DeleteRow
+                deleted = isinstance(row, DeleteRow)
                 deletes += deleted
-                copy.write_row((*row, deleted))
+                copy.write_row((*row, deleted, type(row) is ImageDeleteRow))
         cur.execute(self._sql.insert_from_stage)
         self.statements += 2
         if deletes:
             cur.execute(d.delete)
+            if d.delete_with_image is not None:
+                cur.execute(d.delete_with_image)
             cur.execute(d.record_tombstones)
             self.statements += 2
         if d.retention_s and time.monotonic() - self._expired_at > TOMBSTONE_EXPIRY_INTERVAL_S:

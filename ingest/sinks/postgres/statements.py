@@ -64,9 +64,9 @@ class UpsertStatements:
             select_exprs.append(sql.SQL("{}{}").format(sql.Identifier(c), cast))
         stage_columns = list(cfg.columns)
         if deletes is not None:
-            stage_columns.append(DELETED_FLAG)
-            stage_types.append("boolean")
-            self.copy_types.append("bool")
+            stage_columns += [DELETED_FLAG, IMAGE_FLAG]
+            stage_types += ["boolean", "boolean"]
+            self.copy_types += ["bool", "bool"]
         col_defs = sql.SQL(", ").join(
             sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t)) for c, t in zip(stage_columns, stage_types)
         )
@@ -133,8 +133,9 @@ def row_sources_query(cfg: PostgresSinkSettings, n_keys: int) -> sql.Composable:
         values=sql.SQL(", ").join([one] * n_keys))
 
 
-#: The stage column that marks a delete row (:class:`ingest.types.DeleteRow`) among the upserts.
-DELETED_FLAG = "_ingest_deleted"
+#: The stage columns that mark a delete row (:class:`ingest.types.DeleteRow`) among the upserts, and
+#: a soft delete that carries its row's values (:class:`ingest.types.ImageDeleteRow`).
+DELETED_FLAG, IMAGE_FLAG = "_ingest_deleted", "_ingest_image"
 
 
 def tombstone_table_name(cfg: PostgresSinkSettings, deletes: DeleteSettings) -> str:
@@ -185,9 +186,19 @@ class DeleteStatements:
                     else sql.SQL("NOT t.{c}")).format(c=col)
             sets = sql.SQL(", ").join([sql.SQL("{c} = {m}").format(c=col, m=mark)]
                                       + [sql.SQL("{c} = s.{c}").format(c=ident(c)) for c in self.order_columns])
-            self.delete = sql.SQL("UPDATE {t} AS t SET {sets} FROM {stage} AS s WHERE s.{flag} AND {km} AND {live} "
-                                  "AND {ok}").format(t=target, sets=sets, stage=stage, flag=flag, km=key_match,
-                                                     live=live, ok=not_older)
+            self.delete = sql.SQL("UPDATE {t} AS t SET {sets} FROM {stage} AS s WHERE s.{flag} AND NOT s.{image} "
+                                  "AND {km} AND {live} AND {ok}").format(t=target, sets=sets, stage=stage, flag=flag,
+                                                                         image=ident(IMAGE_FLAG), km=key_match,
+                                                                         live=live, ok=not_older)
+            # A soft delete with its row's values (an upsert of the key came before it in the batch):
+            # the row is written as that upsert would have, marked deleted.
+            cols = sql.SQL(", ").join(ident(c) for c in cfg.columns)
+            self.delete_with_image = sql.SQL(
+                "INSERT INTO {t} AS t ({cols}, {c}) SELECT {cols}, {m} FROM {stage} AS s WHERE s.{image} "
+                "AND NOT EXISTS (SELECT 1 FROM {tomb} d WHERE {dm} AND {newer}){conflict}").format(
+                t=target, cols=cols, c=col, m=mark, stage=stage, image=ident(IMAGE_FLAG), tomb=self.tombstones,
+                dm=d_match, newer=self._newer(cfg, "d", "s"),
+                conflict=UpsertStatements._conflict_clause(cfg, target, sql.SQL(", {c} = EXCLUDED.{c}").format(c=col)))
             #: ``ON CONFLICT DO UPDATE SET`` of the upsert gains ``soft = DEFAULT``: an upsert undeletes
             self.undelete = sql.SQL(", {c} = DEFAULT").format(c=col)
             soft_type = "timestamptz" if deletes.soft_column_type == "timestamptz" else "boolean NOT NULL DEFAULT false"
@@ -198,6 +209,7 @@ class DeleteStatements:
                 t=target, stage=stage, flag=flag, km=key_match, ok=not_older)
             self.undelete = sql.SQL("")
             self.soft_column_ddl = None
+            self.delete_with_image = None
         cols = sql.SQL(", ").join(ident(c) for c in self.tombstone_columns)
         updates = sql.SQL(", ").join([sql.SQL("{c} = EXCLUDED.{c}").format(c=ident(c)) for c in self.order_columns]
                                      + [sql.SQL("deleted_at = now()")])
