@@ -107,7 +107,7 @@ from typing import Any
 from ingest.core.mapping.common import _show
 from ingest.errors import InvalidRecord
 
-__all__ = ["CACHE_SIZE", "Change", "unwrap", "unwrap_key"]
+__all__ = ["CACHE_SIZE", "Change", "SchemaParts", "envelope_change", "schema_plans", "unwrap", "unwrap_key"]
 
 
 @dataclass(slots=True)
@@ -362,19 +362,51 @@ def _not_event(why: str) -> InvalidRecord:
 # --------------------------------------------------------------------------- entry points
 
 
+Plan = tuple[tuple[str, Callable[[Any], Any], str], ...]
+#: The converters of an event's row images: (before, after); None where no column needs one.
+ImagePlans = tuple[Plan | None, Plan | None]
+
+
 def unwrap(doc: Any) -> Change:
     """Decode one Debezium change-event value (schema form or envelope) into a :class:`Change`."""
     if type(doc) is not dict and not isinstance(doc, dict):
         raise _not_event(f"expected an object, got {_show(doc) if doc is not None else 'null (a tombstone?)'}")
-    schema = None
-    env = doc
     if len(doc) == 2 and "payload" in doc and "schema" in doc:
         payload = doc["payload"]
         if isinstance(payload, dict):
-            env = payload
             schema = doc["schema"]
-        elif payload is None:
+            return envelope_change(payload, schema_plans(schema) if type(schema) is dict else (None, None))
+        if payload is None:
             raise _not_event("the schema part's payload is null (a tombstone?)")
+    return envelope_change(doc, (None, None))
+
+
+def schema_plans(schema: dict[str, Any]) -> ImagePlans:
+    """The converters of the ``before`` and ``after`` images a schema part describes (Debezium uses one
+    row schema for both: the plan is shared when the struct names match)."""
+    fields = schema.get("fields")
+    if type(fields) is not list:
+        raise _not_event("schema part without a 'fields' list")
+    before_s = after_s = None
+    for f in fields:
+        name = f.get("field") if type(f) is dict else None
+        if name == "before":
+            before_s = f
+        elif name == "after":
+            after_s = f
+        if before_s is not None and after_s is not None:
+            break
+    plan_after = _plan_for(after_s) if after_s is not None else None
+    if before_s is None:
+        return None, plan_after
+    name = before_s.get("name")
+    if after_s is not None and name is not None and name == after_s.get("name"):
+        return plan_after, plan_after
+    return _plan_for(before_s), plan_after
+
+
+def envelope_change(env: dict[str, Any], plans: ImagePlans) -> Change:
+    """The :class:`Change` of an envelope (the payload of the schema form), its images converted by ``plans``."""
     op = env.get("op")
     if type(op) is not str or op not in _OPS:
         if op is None:
@@ -391,38 +423,66 @@ def unwrap(doc: Any) -> Change:
     source = env.get("source")
     if source is not None and not isinstance(source, dict):
         raise _not_event(f"'source' is {_show(source)}, expected an object")
-
-    if type(schema) is dict and (before is not None or after is not None):
-        before_s = after_s = None
-        fields = schema.get("fields")
-        if type(fields) is not list:
-            raise _not_event("schema part without a 'fields' list")
-        for f in fields:
-            name = f.get("field") if type(f) is dict else None
-            if name == "before":
-                before_s = f
-            elif name == "after":
-                after_s = f
-            else:
-                continue
-            if before_s is not None and after_s is not None:
-                break
-        plan_after = None
-        if after is not None and after_s is not None:
-            plan_after = _plan_for(after_s)
-            if plan_after is not None:
-                after = _apply(after, plan_after)
-        if before is not None and before_s is not None:
-            # Debezium uses one row schema for both images: reuse the plan when the struct names match.
-            struct_name = before_s.get("name")
-            if after is not None and after_s is not None and struct_name is not None \
-                    and struct_name == after_s.get("name"):
-                plan_before = plan_after
-            else:
-                plan_before = _plan_for(before_s)
-            if plan_before is not None:
-                before = _apply(before, plan_before)
+    plan_before, plan_after = plans
+    if after is not None and plan_after is not None:
+        after = _apply(after, plan_after)
+    if before is not None and plan_before is not None:
+        before = _apply(before, plan_before)
     return Change(op, before, after, source)
+
+
+#: How the JSON converter joins the two parts: ``{"schema":<schema>,"payload":<envelope>}``, compact.
+_SCHEMA_HEAD, _PAYLOAD_KEY = b'{"schema":', b',"payload":'
+
+
+class SchemaParts:
+    """Reads JSON-converter events with ``schemas.enable=true`` parsing each distinct schema part once.
+
+    The schema part is the same for every event of a table (≈ 2-3 KB, most of the event), so parsing
+    it per record would cost several times the payload. :meth:`change` looks the raw bytes before
+    ``,"payload":`` up among the schema parts seen (each one verified, when first seen, to be exactly
+    the event's whole ``"schema"`` value), and parses only the payload. Anything else -- another
+    shape, a schema part not seen yet, a payload that does not parse alone -- is the caller's: it
+    decodes the whole event and hands it to :meth:`remember`. Not thread-safe (one per mapper thread
+    owner); bounded to ``CACHE_SIZE`` schema parts.
+    """
+
+    def __init__(self, loads: Callable[[bytes], Any]) -> None:
+        self._loads = loads
+        self._plans: dict[bytes, ImagePlans] = {}
+
+    def change(self, value: bytes) -> Change | None:
+        """The event's Change when its schema part is known and its payload parses alone, else None."""
+        if not value.startswith(_SCHEMA_HEAD):
+            return None
+        cut = value.find(_PAYLOAD_KEY)
+        plans = self._plans.get(value[:cut]) if cut > 0 else None
+        if plans is None or not value.endswith(b"}"):
+            return None
+        try:
+            payload = self._loads(value[cut + len(_PAYLOAD_KEY):-1])
+        except Exception:  # noqa: BLE001 - not the simple shape after all: the whole event decides
+            return None
+        return envelope_change(payload, plans) if type(payload) is dict else None
+
+    def remember(self, value: bytes, doc: Any) -> None:
+        """Keep the schema part of ``value`` (decoded as ``doc``) when it is one the fast path can use."""
+        if type(doc) is not dict or len(doc) != 2 or type(doc.get("schema")) is not dict \
+                or type(doc.get("payload")) is not dict or not value.startswith(_SCHEMA_HEAD):
+            return
+        cut = value.find(_PAYLOAD_KEY)
+        if cut <= 0:
+            return
+        head = value[:cut]
+        try:  # the bytes before the payload must be the whole schema part and nothing else
+            if self._loads(head + b"}") != {"schema": doc["schema"]}:
+                return
+            plans = schema_plans(doc["schema"])
+        except Exception:  # noqa: BLE001 - a schema part that does not stand alone: never cached
+            return
+        if len(self._plans) >= CACHE_SIZE:
+            self._plans.clear()
+        self._plans[head] = plans
 
 
 def unwrap_key(doc: Any) -> Any:

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from ingest.cdc.debezium import unwrap, unwrap_key
+from ingest.cdc.debezium import SchemaParts, unwrap, unwrap_key
 from ingest.config import PipelineSettings
 from ingest.core.mapping import Mapper
 from ingest.errors import IngestError, InvalidRecord, NoChange
@@ -51,7 +51,8 @@ def mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,
 class ChangeMapper:
     """Maps upserts, deletes and the records handled without a row (see the module docstring).
 
-    Thread-safe like :class:`Mapper` (no mutable state). Raises ValueError for settings it cannot map.
+    Used by one thread (the pipeline's, or replay's): it caches the schema parts of JSON events it has
+    seen (:class:`~ingest.cdc.debezium.SchemaParts`). Raises ValueError for settings it cannot map.
     """
 
     def __init__(self, settings: PipelineSettings, *, decoder: Decoder | None = None,
@@ -84,6 +85,9 @@ class ChangeMapper:
         self._tombstone_is_delete = not (self._debezium and (version_source.startswith("$")
                                                              or version_source.startswith("@source.")))
         self._key_decoder = key_decoder
+        #: JSON with the schema part: each distinct schema part is parsed once (ingest.cdc.debezium)
+        loads = (decoder.value_loader() if decoder is not None else orjson.loads)
+        self._parts = SchemaParts(loads) if self._debezium and loads is not None else None
 
     def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
         """``(row, ordering_key)``: an upsert's row or a :class:`DeleteRow`. Raises InvalidRecord, NoChange."""
@@ -91,7 +95,12 @@ class ChangeMapper:
             return self._tombstone(record)
         if not self._debezium:
             return self._upserts.map(record)
-        change = unwrap(self._upserts.decode(record))
+        change = self._parts.change(record.value) if self._parts is not None else None
+        if change is None:
+            doc = self._upserts.decode(record)
+            if self._parts is not None:
+                self._parts.remember(record.value, doc)
+            change = unwrap(doc)
         op = change.op
         if op in _UPSERT_OPS:
             image: Any = change.after

@@ -165,3 +165,65 @@ def test_clickhouse_tables_with_deletes_have_the_is_deleted_column() -> None:
     ddl = create_table_sql(settings.sink, deletes=True)[1]
     assert "`_ingest_deleted` UInt8" in ddl and "ReplacingMergeTree(`_version`, `_ingest_deleted`)" in ddl
     assert "_ingest_deleted" not in create_table_sql(settings.sink)[1]
+
+
+# -- the schema part of JSON events, parsed once (ingest.cdc.debezium.SchemaParts) -----------------
+
+def _schema_events() -> list[bytes]:
+    from datetime import datetime, timezone
+    from decimal import Decimal
+
+    from harness.debezium import Field, encode_event
+
+    fields = (Field("id", "int64"), Field("payload", "string"), Field("price", "decimal(12,2)"),
+              Field("at", "micro_timestamp"))
+    rows = [{"id": i, "payload": f',"payload":{{"x":{i}}}', "price": Decimal(f"-{i}.05"),
+             "at": datetime(2026, 1, 1, 0, 0, i, 7, tzinfo=timezone.utc)} for i in range(1, 4)]
+    return [encode_event("c", None, rows[0], fields=fields, lsn=1, ts_ms=1, schemas=True),
+            encode_event("u", rows[0], rows[1], fields=fields, lsn=2, ts_ms=2, schemas=True),
+            encode_event("d", rows[1], None, fields=fields, lsn=3, ts_ms=3, schemas=True),
+            encode_event("c", None, rows[2], fields=fields, lsn=4, ts_ms=4, schemas=True)]
+
+
+def test_known_schema_parts_give_the_same_change_as_decoding_the_whole_event() -> None:
+    from ingest.cdc.debezium import SchemaParts, unwrap
+
+    parts = SchemaParts(orjson.loads)
+    first, *rest = _schema_events()
+    assert parts.change(first) is None  # not seen yet
+    parts.remember(first, orjson.loads(first))
+    for value in [first, *rest]:
+        fast = parts.change(value)
+        assert fast is not None and fast == unwrap(orjson.loads(value))
+
+
+def test_events_that_only_look_like_a_known_schema_part_are_decoded_whole() -> None:
+    from ingest.cdc.debezium import SchemaParts
+
+    parts = SchemaParts(orjson.loads)
+    first = _schema_events()[0]
+    parts.remember(first, orjson.loads(first))
+    head, _, payload = first.partition(b',"payload":{"before"')
+    assert parts.change(first[:-1] + b', "extra": 1}') is None          # another key after the payload
+    assert parts.change(first + b" ") is None                          # not the compact shape
+    assert parts.change(head.replace(b'"int64"', b'"int32"', 1) + b',"payload":{"before"' + payload) is None
+    assert parts.change(first.replace(b'"op":"c"', b'"op":"c"}', 1)) is None  # payload no longer parses
+    # a schema part that is not the event's whole schema (the payload key inside it) is never cached
+    tricky = b'{"schema":{"type":"struct","fields":[],"x":{"a":1,"payload":2}},"payload":{"op":"c","after":{}}}'
+    parts.remember(tricky, orjson.loads(tricky))
+    assert parts.change(tricky) is None
+
+
+def test_the_change_mapper_maps_schema_events_alike_on_both_paths() -> None:
+    cols = {"id": {"type": "bigint"}, "payload": {"type": "text"}, "price": {"type": "numeric(12,2)"},
+            "at": {"type": "timestamptz"}, "lsn": {"type": "bigint", "source": "@source.lsn"}}
+    settings = _settings(envelope="debezium", sink={"table": "x", "conflict_key": ["id"], "version_column": "lsn",
+                                                    "columns": cols})
+    events = _schema_events()
+    cached, fresh = mapper_for(settings), mapper_for(settings)
+    for value in events:
+        cached.map(_record(value))  # the first one teaches it the schema part
+    for value in events:
+        a, b = mapper_for(settings).map(_record(value)), cached.map(_record(value))
+        assert a == b and type(a[0]) is type(b[0])
+    assert fresh.map(_record(events[2]))[0][0] == 2  # the delete of row 2
