@@ -89,6 +89,11 @@ class ChangeMapper:
         loads = (decoder.value_loader() if decoder is not None else orjson.loads)
         self._parts = SchemaParts(loads) if self._debezium and loads is not None else None
 
+    @property
+    def skips_tombstones(self) -> bool:
+        """Every tombstone is a :class:`NoChange` here: the pipeline may count them done without mapping."""
+        return self._tombstones == "skip" or (self._tombstones == "delete" and not self._tombstone_is_delete)
+
     def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
         """``(row, ordering_key)``: an upsert's row or a :class:`DeleteRow`. Raises InvalidRecord, NoChange."""
         if record.value is None:

@@ -9,6 +9,7 @@ and exactly-once pipelines route them by offset, so a replay routes them alike).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import operator
 import random
@@ -27,6 +28,9 @@ from ingest.runner.stats import PipelineStats
 from ingest.types import Failure, Item, Partition, Record
 
 log = logging.getLogger(__name__)
+
+#: (partition, epoch) of a skipped record ``(tp, offset, epoch)``: runs of one partition are done at once
+_run_key = operator.itemgetter(0, 2)
 
 #: One record in this many feeds the hot-key sketch: shares stay unbiased, the cost per record drops 16×.
 HOT_KEY_SAMPLE = 16
@@ -70,7 +74,9 @@ class Acceptor:
         lane_of = self._router.lane
         row_key = self._row_key
         row_key_bytes = key_bytes
-        skip_tombstones = self._settings.effective_tombstones == "skip"
+        # tombstones done at once, unmapped: `tombstones: skip`, or a change mapper's no-op tombstones
+        skip_tombstones = (self._settings.effective_tombstones == "skip"
+                           or getattr(self._mapper, "skips_tombstones", False))
         deterministic = self._deterministic  # exactly-once needs replay-stable routing
         spread_unkeyed = self._settings.unkeyed == "round_robin"  # unkeyed records are not one hot key
         n_lanes = len(self._batching)
@@ -138,8 +144,8 @@ class Acceptor:
         self._sample_countdown = countdown
         if run:
             tracker.track_many(tp, run)
-        for skipped_tp, offset, skipped_epoch in skipped:
-            tracker.done(skipped_tp, offset, skipped_epoch)
+        for (skipped_tp, skipped_epoch), run_of in itertools.groupby(skipped, _run_key):
+            tracker.done_many(skipped_tp, [offset for _, offset, _ in run_of], skipped_epoch)
         self._stats.skipped += len(skipped)
         for lane, items in enumerate(lane_items):
             if items:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import threading
 import time
@@ -134,6 +135,19 @@ def run_args(config: Path, *, until_idle: float | None = None, summary: Path | N
 def read_summary(path: Path) -> dict[str, Any]:
     """The whole ``--summary-json`` document; ``["pipelines"]["orders"]`` holds the counters."""
     return json.loads(Path(path).read_text())
+
+
+def seed_for(name: str) -> int:
+    """A random seed for one test (``INGEST_TEST_SEED`` replays one), printed so a failure can be replayed."""
+    seed = int(os.environ.get("INGEST_TEST_SEED") or time.time_ns() % 2**31)
+    print(f"{name}: seed {seed}")
+    return seed
+
+
+def assert_exit_ok(res: Any) -> None:
+    """A finished ``ingest`` command exited 0 (else its output's tails in the failure)."""
+    assert res.returncode == 0, f"ingest exited {res.returncode}\n--- stdout ---\n{res.stdout[-3000:]}\n" \
+                                f"--- stderr ---\n{res.stderr[-6000:]}"
 
 
 # --------------------------------------------------------------------------- records

@@ -37,6 +37,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
       re.compile(r"^lanes=1 +protobuf/json +x[\d.]+ +x-?[\d.]+$", re.MULTILINE))),
     ("clickhouse_pipeline.py", ["--records", "3000", "--rounds", "1", "--lanes", "1"],
      "(end-to-end table: 1000 keys with FINAL, as expected)"),
+    # the CDC streams beside the plain upserts; each final table checked against its source table
+    ("cdc_pipeline.py", ["--records", "3000", "--rounds", "1"], "(end-to-end tables of the last round"),
 ])
 def test_bench_runs_end_to_end(script: str, args: list[str], expect: str | tuple[str | re.Pattern, ...]) -> None:
     res = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,

@@ -61,11 +61,13 @@ from harness.kafka import (
 )
 from pipeline_helpers import (
     SteadyProducer,
+    assert_exit_ok,
     assignments,
     count_rows,
     log_events,
     read_summary,
     read_topic,
+    seed_for,
     wait_assigned,
     wait_until,
     write_and_migrate,
@@ -81,15 +83,6 @@ KEYS = 5000
 STREAM_SECONDS = 3.0
 
 
-def _seed(name: str) -> int:
-    seed = int(os.environ.get("INGEST_TEST_SEED") or time.time_ns() % 2**31)
-    print(f"{name}: seed {seed}")
-    return seed
-
-
-def _ok(res: Any) -> None:
-    assert res.returncode == 0, f"ingest exited {res.returncode}\n--- stdout ---\n{res.stdout[-3000:]}\n" \
-                                f"--- stderr ---\n{res.stderr[-6000:]}"
 
 
 # --------------------------------------------------------------------------- config and records
@@ -388,7 +381,7 @@ class Scenario:
         assert self.produced == self.total
         summary = self.tmp_path / "summary-final.json"
         res = run_ingest(run_args(self.config, until_idle=3, summary=summary), timeout_s=150, log_dir=self.tmp_path)
-        _ok(res)
+        assert_exit_ok(res)
         return read_summary(summary)["pipelines"][PIPELINE]
 
 
@@ -432,7 +425,7 @@ def test_exactly_once_append_only_survives_sigkills_and_a_rebalance(
     kills = int(os.environ.get("INGEST_TEST_EO_KILLS", "10"))
     total = int(os.environ.get("INGEST_TEST_EO_RECORDS", "100000"))
     assert kills >= 1
-    seed = _seed("exactly-once")
+    seed = seed_for("exactly-once")
     topic = new_topic(6)
     s = new_scenario(kafka_bootstrap=kafka_bootstrap, pg_dsn=pg_dsn, topic=topic, group_id=group_id,
                      tmp_path=tmp_path, delivery="exactly_once", total=total, seed=seed)
@@ -487,7 +480,7 @@ def test_at_least_once_append_only_duplicates_after_sigkills(kafka_bootstrap, pg
     written before a kill and re-read after it (above the Kafka committed offset) are inserted
     again: the table ends with more rows than records."""
     total, kills = 30_000, 4
-    seed = _seed("at-least-once")
+    seed = seed_for("at-least-once")
     topic = new_topic(6)
     s = new_scenario(kafka_bootstrap=kafka_bootstrap, pg_dsn=pg_dsn, topic=topic, group_id=group_id,
                      tmp_path=tmp_path, delivery="at_least_once", total=total, seed=seed)
@@ -536,7 +529,7 @@ def test_exactly_once_poison_records_dead_lettered_once(kafka_bootstrap, pg_dsn,
     insert committed with the batch and was not repeated on the re-read); stored and committed
     offsets are at the log end."""
     total = 8_000
-    seed = _seed("eo-poison")
+    seed = seed_for("eo-poison")
     topic = new_topic(6)
     s = new_scenario(kafka_bootstrap=kafka_bootstrap, pg_dsn=pg_dsn, topic=topic, group_id=group_id,
                      tmp_path=tmp_path, delivery="exactly_once", total=total, seed=seed, poison_frac=0.01,
@@ -592,7 +585,7 @@ def test_exactly_once_kafka_commit_catches_up_with_stored_offsets(kafka_bootstra
     offsets are set back by 100 per partition (what the crash would have left), and a second
     ``--until-idle`` run starts."""
     total = 3_000
-    seed = _seed("eo-kafka-commit")
+    seed = seed_for("eo-kafka-commit")
     topic = new_topic(6)
     s = new_scenario(kafka_bootstrap=kafka_bootstrap, pg_dsn=pg_dsn, topic=topic, group_id=group_id,
                      tmp_path=tmp_path, delivery="exactly_once", total=total, seed=seed)
@@ -626,7 +619,7 @@ def test_exactly_once_batch_that_gave_up_loses_nothing(kafka_bootstrap, pg_dsn, 
     Nothing of the failed batch may be lost: a restarted run must still write every record --
     so no later batch of that lane may advance the lane's stored offsets past the failed one."""
     total = 8_000
-    seed = _seed("eo-gave-up")
+    seed = seed_for("eo-gave-up")
     topic = new_topic(6)
     config = events_config(bootstrap=kafka_bootstrap, topic=topic, group=group_id, dsn=pg_dsn,
                            delivery="exactly_once", lanes=1)

@@ -227,3 +227,11 @@ def test_the_change_mapper_maps_schema_events_alike_on_both_paths() -> None:
         a, b = mapper_for(settings).map(_record(value)), cached.map(_record(value))
         assert a == b and type(a[0]) is type(b[0])
     assert fresh.map(_record(events[2]))[0][0] == 2  # the delete of row 2
+
+
+def test_tombstones_are_skipped_unmapped_only_when_every_one_is_a_no_change() -> None:
+    assert mapper_for(_settings(envelope="debezium")).skips_tombstones  # the version comes from the event
+    assert not mapper_for(_settings(envelope="debezium", tombstones="dlq")).skips_tombstones
+    cols = {"k": {"type": "bigint", "source": "@key"}, "v": {"type": "text"}}
+    assert not mapper_for(_settings(tombstones="delete", sink={"table": "kv", "conflict_key": ["k"],
+                                                               "columns": cols})).skips_tombstones
