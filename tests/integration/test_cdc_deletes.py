@@ -272,3 +272,26 @@ def test_a_burst_of_deletes_never_trips_the_dlq_guard(tmp_path, kafka_bootstrap,
     assert _pg_rows(pg_dsn, "SELECT count(*) AS n FROM items") == [{"n": 0}]
     pipeline = summary["pipelines"]["cdc"] if "pipelines" in summary else summary
     assert pipeline["rows_deleted"] == 2000  # each key's delete wins over its upsert, in one batch or two
+
+
+def test_tombstones_past_their_retention_are_expired(tmp_path, kafka_bootstrap, pg_dsn, new_topic, group_id):
+    """``deletes.tombstone_retention_s``: a later batch removes the tombstones older than that (here 1 s);
+    younger ones stay and keep guarding their keys."""
+    topic = new_topic(partitions=1)
+    path = migrate(tmp_path, _config(kafka_bootstrap, topic, group_id, _pg_sink(pg_dsn),
+                                     deletes={"tombstone_retention_s": 1}))
+    s = Source()
+    s.upsert(1, 10)
+    s.upsert(2, 11)
+    s.delete(1, 12)
+    produce(kafka_bootstrap, topic, s.records)
+    _run(path, tmp_path)
+    assert [r["id"] for r in _pg_rows(pg_dsn, "SELECT id FROM items_ingest_deleted")] == [1]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as if the delete were 2 s old
+        conn.execute("UPDATE items_ingest_deleted SET deleted_at = now() - interval '2 seconds'")
+    s.records.clear()
+    s.delete(2, 13)
+    produce(kafka_bootstrap, topic, s.records)
+    _run(path, tmp_path)
+    assert [r["id"] for r in _pg_rows(pg_dsn, "SELECT id FROM items_ingest_deleted")] == [2]
+    assert _pg_rows(pg_dsn, "SELECT count(*) AS n FROM items") == [{"n": 0}]
