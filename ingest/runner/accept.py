@@ -39,9 +39,9 @@ HOT_KEY_SAMPLE = 16
 class Acceptor:
     """Maps and routes polled chunks for one pipeline (see the module docstring)."""
 
-    def __init__(self, settings: PipelineSettings, mapper: Mapper | ChangeMapper, *, tracker: OffsetTracker[Partition],
-                 batching: LaneBatchers, load: LaneLoad, stats: PipelineStats, metrics: PipelineMetrics,
-                 deterministic: bool) -> None:
+    def __init__(self, settings: PipelineSettings, mapper: Mapper | ChangeMapper, *,
+                 tracker: OffsetTracker[Partition], batching: LaneBatchers, load: LaneLoad, stats: PipelineStats,
+                 metrics: PipelineMetrics, deterministic: bool) -> None:
         self._settings = settings
         self._mapper = mapper
         self._router = LaneRouter(settings.lanes, settings.unkeyed)
