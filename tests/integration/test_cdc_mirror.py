@@ -104,6 +104,10 @@ CONSUMER_SETTINGS = {"session.timeout.ms": 2000, "heartbeat.interval.ms": 200}
 HEAD_FRAC = 0.15
 #: How long the paced rest of the stream lasts (about the time the kill cycles take).
 STREAM_S = 4.0 * KILLS
+#: Records held back from the paced producer, released ``RESERVE_SLICE`` at a time only when a run
+#: has caught up with everything produced (a slow machine's kill cycles outlast ``STREAM_S``): so
+#: every kill finds work in hand however long the cycles take.
+RESERVE_SLICE = 300
 
 #: ``replica_identity``: the source table's (``default``: a delete's before image holds the key only,
 #: updates have none; ``full``: both carry the whole old row), alternated over the cases.
@@ -355,8 +359,20 @@ def test_sink_mirrors_the_source_table_through_sigkills(case_name, kafka_bootstr
         install_audit(pg_dsn, soft)
 
     head = int(len(records) * HEAD_FRAC)
+    reserve_from = len(records) - RESERVE_SLICE * KILLS
     produced = produce_stream(kafka_bootstrap, topic, records[:head])
-    producer = PacedProducer(kafka_bootstrap, topic, records[head:], STREAM_S)
+    producer = PacedProducer(kafka_bootstrap, topic, records[head:reserve_from], STREAM_S)
+
+    def uncommitted() -> int:
+        """Records produced and not committed; when a run has caught up with a finished producer,
+        the next slice of the reserve is produced (in order: the paced part is all out)."""
+        nonlocal produced, reserve_from
+        lag = (produced + producer.produced) - committed_total(kafka_bootstrap, group_id, topic)
+        if lag <= 0 and not producer.is_alive() and reserve_from < len(records):
+            produced += produce_stream(kafka_bootstrap, topic, records[reserve_from:reserve_from + RESERVE_SLICE])
+            reserve_from += RESERVE_SLICE
+        return lag
+
     kills: list[tuple[int, int]] = []  # (committed after the kill, uncommitted records just before it)
     last_kill = 0.0
     try:
@@ -372,8 +388,7 @@ def test_sink_mirrors_the_source_table_through_sigkills(case_name, kafka_bootstr
             # ingest was down (big batches in flight), the others at a random later moment.
             time.sleep(rng.uniform(0.0, 0.2) if i % 2 else rng.uniform(0.05, 1.5))
             # Kill while it has work in hand: records produced that are not committed yet.
-            lag = wait_until(lambda: (produced + producer.produced) - committed_total(kafka_bootstrap, group_id, topic),
-                             30, interval_s=0.01, what=f"run {i + 1} having uncommitted records", proc=proc)
+            lag = wait_until(uncommitted, 30, interval_s=0.01, what=f"run {i + 1} having uncommitted records", proc=proc)
             proc.kill9()
             assert proc.returncode == -signal.SIGKILL
             last_kill = time.monotonic()
@@ -382,6 +397,7 @@ def test_sink_mirrors_the_source_table_through_sigkills(case_name, kafka_bootstr
         if producer.ident is None:
             producer.start()
         produced += producer.finish()
+    produced += produce_stream(kafka_bootstrap, topic, records[reserve_from:])
     assert produced == len(records)
     assert len(kills) == KILLS >= 1
     kill_s = time.monotonic() - started
