@@ -29,6 +29,7 @@ from ingest.config import PipelineSettings
 from ingest.core.mapping import Mapper
 from ingest.errors import IngestError, InvalidRecord, NoChange
 from ingest.formats.base import Decoder
+from ingest.formats.json import decode_error
 from ingest.types import DeleteRow, Record
 
 __all__ = ["ChangeMapper", "mapper_for"]
@@ -126,7 +127,7 @@ class ChangeMapper:
     def _tombstone(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
         if self._tombstones == "dlq":
             raise InvalidRecord("decode", "tombstone", "record value is null (tombstone)")
-        if self._tombstones == "skip" or not self._tombstone_is_delete:
+        if self.skips_tombstones:
             raise NoChange("tombstone")
         return self._delete(record, self._key_document(record) if self._debezium else None)
 
@@ -153,5 +154,5 @@ class ChangeMapper:
             try:
                 doc = orjson.loads(record.key)
             except orjson.JSONDecodeError as exc:
-                raise InvalidRecord("decode", "invalid_json", f"record key is not valid JSON: {exc}"[:300]) from None
+                raise decode_error(record.key, exc, "key") from None
         return unwrap_key(doc) if self._debezium else doc
