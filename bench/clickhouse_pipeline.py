@@ -25,13 +25,32 @@ that runs on these machines):
                      columnar ``ClickHouseSink.write``
   (e) end to end  -- ``ingest run`` as a subprocess (first record → last batch handled:
                      consume, decode, map, dedupe by key, columnar insert with the
-                     insert token, commit), per lane count, and its peak RSS
+                     insert token, commit), per lane count, with its peak RSS, ingest's
+                     own CPU per record (user + sys of the ``ingest run`` process, chDB's
+                     insert included, less an ``ingest run`` of the same configuration on
+                     an empty topic: start-up, chDB load, group join, idle wait; median
+                     of the rounds) and the mapper's fast-path hit rate (1 - the summary's
+                     ``fast_path_misses`` / ``records_mapped``)
+  (p) poison      -- (e) with lanes=1 on a second topic of the same records (same keys, so
+                     the same partitions), except that one in ``POISON_EVERY`` (0.1 %) is
+                     poison (bench/common.py's ``poison_event``: alternately not JSON and an
+                     ``id`` that is not a number), dead-lettered to PostgreSQL: its records/s,
+                     own CPU and hit rate (at best 99.90 %: the poison records themselves
+                     miss the fast path), run right after the clean lanes=1 run in each round
+                     so a slow spell hits both
 
-and prints e/r (target ≥ 0.5) and e/min(m, w), the bound e/r ≤ a/r, and the
-cap the machine's CPU puts on doing (a) and (w) together (CPU-seconds of every
-process per record, from /proc/stat), then checks the end-to-end table with FINAL. (m) and (w) say where the time goes: with chDB the insert runs
-inside the ingest process, so decode/map and the Native encoding share its
-cores (and the GIL) with ClickHouse itself.
+(a) and every (e) and (p) run ``--rounds`` times, interleaved; the script prints the
+best and the median of each, then e/r (target ≥ 0.5) and e/min(m, w), the bound
+e/r ≤ a/r, the cap the machine's CPU puts on doing (a) and (w) together (CPU-seconds
+of every process per record, from /proc/stat), and the targets: e(lanes=1)/(a) of the
+medians (≥ 0.9), ingest's own CPU per record with lanes=1 (≤ 4 µs) and (p)/e(lanes=1)
+of the medians (≥ 0.8). It checks each clean end-to-end table with FINAL (one row per
+key) and that each (p) run dead-lettered exactly ``poison_count(n)`` records (exiting
+non-zero if not); the (p) tables are only checked to hold between ``keys -
+poison_count(n)`` and ``keys`` keys, as a key whose records were all poison has no row.
+``--lanes`` must include 1. (m) and (w) say where the time goes: with chDB the insert
+runs inside the ingest process, so decode/map and the Native encoding share its cores
+(and the GIL) with ClickHouse itself.
 """
 
 from __future__ import annotations
@@ -64,10 +83,13 @@ from ingest.writer import BatchWriter  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     PARTITIONS,
+    POISON_EVERY,
     Window,
     consume_all,
     cpu_cap,
     create_topic,
+    poison_count,
+    poison_event,
     produce,
     run_measured,
 )
@@ -197,10 +219,12 @@ def idle_cpu_s(bootstrap: str, workdir: Path, lanes: int, dlq_dsn: str) -> float
     return run_measured(_run_command(config), env=ENV)
 
 
-def end_to_end(bootstrap: str, topic: str, workdir: Path, lanes: int, dlq_dsn: str, n: int, rnd: int) -> dict:
+def end_to_end(bootstrap: str, topic: str, workdir: Path, lanes: int, dlq_dsn: str, n: int, rnd: int,
+               tag: str = "") -> dict:
+    """``ingest run`` of ``topic`` into a fresh chDB table (``tag`` names the table apart, e.g. ``poison``)."""
     import clickhouse_connect
 
-    name = f"e2e_{lanes}_{rnd}"
+    name = f"e2e_{tag}{lanes}_{rnd}"
     path = workdir / f"chdb-{name}"
     config = _run_config(bootstrap, topic, workdir, name, lanes, dlq_dsn)
     summary = workdir / f"{name}.json"
@@ -212,8 +236,21 @@ def end_to_end(bootstrap: str, topic: str, workdir: Path, lanes: int, dlq_dsn: s
         final = client.command(f"SELECT count() FROM {DATABASE}.{name} FINAL")
     finally:
         client.close()
+    mapped = stats["records_mapped"]
+    hit_rate = 1 - stats["fast_path_misses"] / mapped if mapped else None
     return {"rate": stats["rate_per_s"], "rss": data["peak_rss_bytes"], "consumed": stats["records_consumed"],
-            "written": stats["rows_written"], "final": final, "process_cpu_s": process_cpu_s}
+            "written": stats["rows_written"], "final": final, "process_cpu_s": process_cpu_s,
+            "hit_rate": hit_rate, "mapped": mapped, "fast_path_misses": stats["fast_path_misses"],
+            "dead_lettered": stats["dead_lettered"]}
+
+
+def percent(rate: float | None) -> str:
+    return "n/a" if rate is None else f"{rate * 100:.2f} %"
+
+
+def lowest_hit_rate(runs: list[dict]) -> float | None:
+    rates = [run["hit_rate"] for run in runs if run["hit_rate"] is not None]
+    return min(rates) if rates else None
 
 
 def main() -> None:
@@ -221,9 +258,12 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--lanes", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3,
-                    help="measure (a) and every (e) this many times, interleaved; report best and median")
+                    help="measure (a), every (e) and (p) this many times, interleaved; report best and median")
     args = ap.parse_args()
     n = args.records
+    if 1 not in args.lanes:
+        ap.error("--lanes must include 1: the poison stream and the targets are measured against lanes=1")
+    n_poison = poison_count(n)
 
     services = start_all()
     workdir = Path(tempfile.mkdtemp(prefix="ingest-bench-ch-"))
@@ -234,6 +274,12 @@ def main() -> None:
         t = time.perf_counter()
         produce(bootstrap, topic, n)
         print(f"produced {n} records in {time.perf_counter() - t:.1f} s", flush=True)
+        poison_topic = f"bench-poison-{uuid.uuid4().hex[:8]}"
+        create_topic(bootstrap, poison_topic)
+        t = time.perf_counter()
+        produce(bootstrap, poison_topic, n, value=poison_event)
+        print(f"produced the same {n} records with {n_poison} poison (1 in {POISON_EVERY}) in "
+              f"{time.perf_counter() - t:.1f} s", flush=True)
 
         settings = PipelineSettings.model_validate(
             pipeline_settings("raw", "chdb://memory", topic, 1, dlq_dsn))
@@ -248,14 +294,22 @@ def main() -> None:
         win_w = write_path(workdir / "chdb-raw", items, PipelineSettings.model_validate(
             pipeline_settings("writepath", f"chdb://{workdir / 'chdb-raw'}", topic, 1, dlq_dsn)))
         e2e_runs: dict[int, list[dict]] = {lanes: [] for lanes in args.lanes}
+        poison_runs: list[dict] = []
         a_rates = [n / win_a.wall_s]
         for rnd in range(args.rounds):
             if rnd:
                 a_rates.append(n / consume_all(bootstrap, topic, n)[1].wall_s)
             for lanes in args.lanes:
                 e2e_runs[lanes].append(end_to_end(bootstrap, topic, workdir, lanes, dlq_dsn, n, rnd))
+                if lanes == 1:  # the poison stream right after the clean lanes=1 run: the same slow spells
+                    res = end_to_end(bootstrap, poison_topic, workdir, 1, dlq_dsn, n, rnd, tag="poison_")
+                    if res["dead_lettered"] != n_poison:
+                        raise SystemExit(f"poison run (round {rnd + 1}) dead-lettered {res['dead_lettered']} "
+                                         f"records, want poison_count({n}) = {n_poison}")
+                    poison_runs.append(res)
             print(f"round {rnd + 1}/{args.rounds}: a {a_rates[-1]:,.0f}  "
-                  + "  ".join(f"e[lanes={k}] {v[-1]['rate']:,.0f}" for k, v in e2e_runs.items()), flush=True)
+                  + "  ".join(f"e[lanes={k}] {v[-1]['rate']:,.0f}" for k, v in e2e_runs.items())
+                  + f"  p[lanes=1] {poison_runs[-1]['rate']:,.0f}", flush=True)
         idle = {lanes: idle_cpu_s(bootstrap, workdir, lanes, dlq_dsn) for lanes in args.lanes}
         e2e = {lanes: max(runs, key=lambda res: res["rate"]) for lanes, runs in e2e_runs.items()}
 
@@ -272,25 +326,52 @@ def main() -> None:
         print(f"{'(ra) raw client.insert_arrow, batches of ' + str(BATCH_ROWS):<52}{ra:>12,.0f}")
         print(f"{'(m) decode + map alone':<52}{m:>12,.0f}")
         print(f"{'(w) write path alone (dedupe, token, insert)':<52}{w:>12,.0f}")
+        e_med: dict[int, float] = {}
+        own_med: dict[int, float] = {}
         for lanes, runs in e2e_runs.items():
             for res in runs:
                 assert res["consumed"] == n, f"end-to-end consumed {res['consumed']} of {n}"
                 assert res["final"] == keys, f"end-to-end table holds {res['final']} keys with FINAL, want {keys}"
+                assert res["dead_lettered"] == 0, f"clean end-to-end run dead-lettered {res['dead_lettered']}"
             res = e2e[lanes]
-            median = statistics.median(run["rate"] for run in runs)
-            own = statistics.median((run["process_cpu_s"] - idle[lanes]) / n * 1e6 for run in runs)
-            print(f"{'(e) ingest run, lanes=' + str(lanes):<52}{res['rate']:>12,.0f}{median:>12,.0f}   "
-                  f"peak RSS {res['rss'] / 2**20:.0f} MiB, {res['written']} rows inserted, ingest process CPU "
-                  f"{own:.2f} us/record (median, chDB's insert included; idle run {idle[lanes]:.2f} s)")
+            e_med[lanes] = statistics.median(run["rate"] for run in runs)
+            own_med[lanes] = statistics.median((run["process_cpu_s"] - idle[lanes]) / n * 1e6 for run in runs)
+            print(f"{'(e) ingest run, lanes=' + str(lanes):<52}{res['rate']:>12,.0f}{e_med[lanes]:>12,.0f}   "
+                  f"peak RSS {res['rss'] / 2**20:.0f} MiB, {res['written']} rows inserted, ingest's own CPU "
+                  f"{own_med[lanes]:.2f} us/record (median, chDB's insert included; idle run {idle[lanes]:.2f} s), "
+                  f"fast-path hit rate {percent(lowest_hit_rate(runs))}")
+        for res in poison_runs:
+            assert res["consumed"] == n, f"poison end-to-end consumed {res['consumed']} of {n}"
+            # A key whose records were all poison has no row; no poison record makes one.
+            assert keys - n_poison <= res["final"] <= keys, \
+                f"poison end-to-end table holds {res['final']} keys with FINAL, want {keys - n_poison}..{keys}"
+        p_best = max(run["rate"] for run in poison_runs)
+        p_med = statistics.median(run["rate"] for run in poison_runs)
+        p_own = statistics.median((run["process_cpu_s"] - idle[1]) / n * 1e6 for run in poison_runs)
+        p_hit = lowest_hit_rate(poison_runs)
+        print(f"{'(p) ingest run, lanes=1, ' + format(100 / POISON_EVERY, 'g') + ' % poison':<52}"
+              f"{p_best:>12,.0f}{p_med:>12,.0f}   "
+              f"peak RSS {max(run['rss'] for run in poison_runs) / 2**20:.0f} MiB, "
+              f"{n_poison} dead-lettered (PostgreSQL DLQ) per run, ingest's own CPU {p_own:.2f} us/record "
+              f"(median; idle run of lanes=1), fast-path hit rate {percent(p_hit)}")
+        print("(hit rate: 1 - fast_path_misses / records_mapped, the lowest of the rounds; "
+              "poison records always miss the fast path)")
         best = max(res["rate"] for res in e2e.values())
         print(f"\nratio e/r = {best / r:.2f} (target >= 0.5)   e/r1 = {best / r1:.2f}   e/ra = {best / ra:.2f}   "
               f"e/min(m,w) = {best / min(m, w):.2f}   serial bound 1/(1/m+1/w) = {1 / (1 / m + 1 / w):,.0f}/s\n"
-              f"(end-to-end table: {keys} keys with FINAL, as expected)")
+              f"(end-to-end tables: {keys} keys with FINAL, as expected; poison tables: "
+              + ", ".join(str(run["final"]) for run in poison_runs) + " keys)")
         # End to end cannot deliver faster than the broker delivers to one consumer (chDB: one process).
         (cpu_a, cpu_w), cores, bound = cpu_cap(n, win_a, win_w)
         print(f"bounds: e <= (a) = {a:,.0f}/s, so e/r <= a/r = {a / r:.2f};   e/a = {best / a:.2f}\n"
               f"machine CPU per record (broker + ClickHouse + Python): (a) {cpu_a:.1f} us, (w) {cpu_w:.1f} us -> "
               f"both on {cores} cores cap end to end at {bound:,.0f}/s;   e / that cap = {best / bound:.2f}")
+        print(f"\ntargets (medians of {args.rounds} rounds):\n"
+              f"  e(lanes=1) / (a) consume only = {e_med[1]:,.0f} / {a_med:,.0f} = {e_med[1] / a_med:.2f} "
+              f"(target >= 0.9)\n"
+              f"  ingest's own CPU per record (lanes=1) {own_med[1]:.2f} us (target <= 4)\n"
+              f"  poison / clean (lanes=1) = {p_med:,.0f} / {e_med[1]:,.0f} = {p_med / e_med[1]:.2f} "
+              f"(target >= 0.8)")
     finally:
         services.close()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -32,6 +32,26 @@ def event(i: int, key: int) -> bytes:
                          "amount": round(i % 10000 / 100, 2), "ts": 1764460800000 + i})
 
 
+#: One record in this many of the poison stream is poison (0.1 %).
+POISON_EVERY = 1000
+
+
+def poison_event(i: int, key: int) -> bytes:
+    """:func:`event`, except that every :data:`POISON_EVERY`-th record is poison, alternately not JSON
+    and with an ``id`` that is not a number (the two commonest kinds): a dirty stream must not send
+    its clean records down the slow path."""
+    if i % POISON_EVERY != POISON_EVERY - 1:
+        return event(i, key)
+    if (i // POISON_EVERY) % 2:
+        return b'{"id": ' + str(key).encode() + b', "user": '  # truncated: not JSON
+    return orjson.dumps({"id": f"id-{key}", "user": i % 997, "kind": "click", "amount": 1.5, "ts": 1764460800000 + i})
+
+
+def poison_count(n: int) -> int:
+    """How many of the first ``n`` records of the poison stream are poison."""
+    return n // POISON_EVERY
+
+
 #: The benchmark record as Avro, with the natural type of each field: ``amount`` a decimal(12,2), ``ts`` a
 #: timestamp-millis. The columns the benches map it to are the same as for JSON (bigint, bigint, text,
 #: numeric(12,2), timestamptz).

@@ -86,6 +86,8 @@ from common import (  # noqa: E402
     event_avro_doc,
     event_message,
     event_message_class,
+    poison_count,
+    poison_event,
     produce,
     run_measured,
 )
@@ -281,9 +283,11 @@ def idle_cpu_s(bootstrap: str, dsn: str, lanes: int, processes: int, registry_ur
 
 
 def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int = 1,
-               registry_url: str | None = None, fmt: str = "avro") -> dict:
-    """``ingest run`` of ``topic`` (``fmt``, Avro or Protobuf, with ``registry_url``; else JSON) into a fresh table."""
-    table = f"bench_e2e_{lanes}_{processes}" if registry_url is None else f"bench_e2e_{fmt}_{lanes}_{processes}"
+               registry_url: str | None = None, fmt: str = "avro", tag: str = "") -> dict:
+    """``ingest run`` of ``topic`` (``fmt``, Avro or Protobuf, with ``registry_url``; else JSON) into a fresh
+    table (``tag`` in its name: another stream's table)."""
+    table = (f"bench_e2e{tag}_{lanes}_{processes}" if registry_url is None
+             else f"bench_e2e_{fmt}{tag}_{lanes}_{processes}")
     make_table(dsn, table, keyed=True)
     cfg = e2e_config(bootstrap, topic, dsn, table, lanes, registry_url, fmt)
     with tempfile.TemporaryDirectory() as tmp:
@@ -305,9 +309,42 @@ def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int 
     # With --processes, busy_s spans all children; how far apart they started (group join) is part of it.
     starts = [p["summary"]["pipelines"]["bench"]["busy_window_s"][0] for p in data.get("processes", [])
               if p.get("summary") and p["summary"]["pipelines"]["bench"].get("busy_window_s", [None])[0] is not None]
+    mapped = stats.get("records_mapped") or 0
+    hit_rate = 1 - stats.get("fast_path_misses", 0) / mapped if mapped else None
     return {"rate": rate, "rss": data.get("peak_rss_bytes", 0), "rows": stats["rows_written"], "cpu_us": cpu_us,
+            "hit_rate": hit_rate, "dead_lettered": stats["dead_lettered"],
             "process_cpu_s": process_cpu_s, "table": table,
             "consumed": stats["records_consumed"], "stagger_s": max(starts) - min(starts) if len(starts) > 1 else None}
+
+
+def print_targets(e2e: dict[str, list[dict]], e_med: dict[str, float], configs: list[tuple[str, int, int]],
+                  poison_label: str, poison_runs: list[dict], a_med: float, b_med: float, cpu_a: float, cpu_b: float,
+                  cores: int, idle: dict[str, float], n: int, rounds: int) -> dict:
+    """The hot-path targets (medians of the rounds, every baseline from this run): one process with the
+    default settings against min(a, b), ``--processes`` against b (beside the machine's CPU cap), ingest's
+    own CPU per record, the poison stream against the clean one; returned for ``--json``."""
+    one = configs[0][0]  # lanes = the first of --lanes (1 by default: the default settings)
+    own_us = statistics.median((r["process_cpu_s"] - idle[one]) / n * 1e6 for r in e2e[one])
+    out: dict = {"one_process": one, "one_process_vs_min_ab": e_med[one] / min(a_med, b_med),
+                 "own_cpu_us_per_record": own_us}
+    cap = cores * 1e6 / (cpu_a + cpu_b)
+    print(f"\ntargets (medians of {rounds} rounds; a, b and the cap measured in this run):")
+    print(f"  1 process ({one}): e / min(a,b) = {out['one_process_vs_min_ab']:.2f}   (target >= 0.9)")
+    multi = [label for label, _, processes in configs if processes > 1]
+    if multi:
+        best = max(multi, key=e_med.__getitem__)
+        out.update(processes=best, processes_vs_b=e_med[best] / b_med, cpu_cap=cap)
+        print(f"  {best}: e / b = {out['processes_vs_b']:.2f}   (target >= 1.2; this machine's CPU caps e at "
+              f"{cores} / ({cpu_a:.1f} + {cpu_b:.1f}) us = {cap:,.0f} records/s = {cap / b_med:.2f} x b)")
+    print(f"  ingest's own CPU per record, {one}: {own_us:.2f} us   (target <= 4)")
+    if poison_runs:
+        poison_med = statistics.median(r["rate"] for r in poison_runs)
+        hits = min(r["hit_rate"] for r in poison_runs)
+        out.update(poison_rate=poison_med, poison_vs_clean=poison_med / e_med[one], poison_hit_rate=hits)
+        print(f"  0.1 % poison stream, {one}: {poison_med:,.0f} records/s, poison / clean = "
+              f"{out['poison_vs_clean']:.2f}   (target >= 0.8); fast path {hits * 100:.2f} %, "
+              f"{poison_runs[0]['dead_lettered']} dead letters = the poison records")
+    return out
 
 
 def best_and_median(values: list[float]) -> tuple[float, float]:
@@ -370,6 +407,8 @@ def main() -> None:
                          "JSON and Avro side by side (both), or all three (all), interleaved; "
                          "(a)-(d) always read the JSON stream")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON to this file")
+    ap.add_argument("--no-poison", action="store_true",
+                    help="skip the 0.1 %%-poison stream (end to end, 1 process, lanes as the first of --lanes)")
     args = ap.parse_args()
     formats = FORMATS[args.format]
     #: The format of the main table's (e) rows (with ``both`` or ``all``, JSON: that table is then as with
@@ -385,6 +424,13 @@ def main() -> None:
         t = time.perf_counter()
         produce(bootstrap, topic, args.records)
         print(f"produced {args.records} records in {time.perf_counter() - t:.1f} s", flush=True)
+        poison_topic = None
+        if not args.no_poison:
+            poison_topic = f"bench-poison-{uuid.uuid4().hex[:8]}"
+            create_topic(bootstrap, poison_topic)
+            produce(bootstrap, poison_topic, args.records, poison_event)
+            print(f"produced the same records with {poison_count(args.records)} poison ones (0.1 %) to "
+                  f"{poison_topic}", flush=True)
         topics: dict[str, str] = {"json": topic}
         urls: dict[str, str | None] = {"json": None}
         for fmt in (f for f in formats if f in REGISTRY_FORMATS):
@@ -413,6 +459,9 @@ def main() -> None:
         by_format: dict[str, dict[str, list[dict]]] = {fmt: {label: [] for label, _, _ in configs} for fmt in formats}
         e2e = by_format[primary]
         rows: list[tuple] = []
+        #: the poison stream, end to end in the first (default) configuration, right after its clean run
+        poison_label = configs[0][0]
+        poison_runs: list[dict] = []
         for rnd in range(args.rounds):
             records, win_a = consume_all(bootstrap, topic, n)
             if not rows:
@@ -432,6 +481,11 @@ def main() -> None:
                 for fmt in formats[shift:] + formats[:shift]:
                     by_format[fmt][label].append(end_to_end(bootstrap, topics[fmt], dsn, lanes, processes,
                                                             urls[fmt], fmt))
+                if label == poison_label and poison_topic is not None:
+                    poison_runs.append(end_to_end(bootstrap, poison_topic, dsn, lanes, processes, tag="_poison"))
+                    if poison_runs[-1]["dead_lettered"] != poison_count(n):
+                        raise SystemExit(f"the poison stream dead-lettered {poison_runs[-1]['dead_lettered']} "
+                                         f"records, expected {poison_count(n)}")
             print(f"round {rnd + 1}/{args.rounds}: a {rates['a'][-1]:,.0f}  b {rates['b'][-1]:,.0f}  "
                   + "  ".join(f"e[{k if fmt == 'json' else fmt + ' ' + k}] {v[-1]['rate']:,.0f}"
                               for fmt in formats for k, v in by_format[fmt].items()), flush=True)
@@ -460,6 +514,9 @@ def main() -> None:
             extra = f"   peak RSS {rss / 2**20:.0f} MiB" if rss else ""
             if staggers:
                 extra += f", first records {min(staggers):.2f}-{max(staggers):.2f} s apart (group join)"
+            hits = [r["hit_rate"] for r in runs if r.get("hit_rate") is not None]
+            if hits:
+                extra += f", fast path {min(hits) * 100:.2f} %"
             cpus = [r["cpu_us"] for r in runs if r.get("cpu_us")]
             if cpus:
                 extra += f", machine CPU {statistics.median(cpus):.1f} us/record"
@@ -490,6 +547,8 @@ def main() -> None:
             print(f"end to end ({best_label}, best run) cost {cpu_e:.1f} us of machine CPU per record "
                   f"-> at most {cores} / {cpu_e:.1f} us = {cap_e:,.0f} records/s here, "
                   f"= {cap_e / min(a, b):.2f} x min(a,b);   e / that cap = {best / cap_e:.2f}")
+        targets = print_targets(e2e, e_med, configs, poison_label, poison_runs, a_med, b_med, cpu_a, cpu_b, cores,
+                                idle, n, args.rounds)
         if any(fmt in REGISTRY_FORMATS for fmt in formats):
             compare_formats(by_format, idles, n, args.rounds, dsn, rows)
         if args.json:
@@ -503,6 +562,7 @@ def main() -> None:
                 "records": n, "rounds": args.rounds, "consume_only": a, "write_path": b, "plain_copy": c,
                 "naive": d, "medians": {"consume_only": a_med, "write_path": b_med, "plain_copy": c_med},
                 "cpu_us_per_record": {"consume_only": cpu_a, "write_path": cpu_b}, "cpu_bound": bound,
+                "targets": targets,
                 "end_to_end": {k: {"rate": e_best[k], "median": e_med[k],
                                    "cpu_us_per_record": [r["cpu_us"] for r in e2e[k]],
                                    "ingest_cpu_us_per_record": [r["ingest_cpu_us"] for r in e2e[k]],

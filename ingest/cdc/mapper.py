@@ -91,6 +91,11 @@ class ChangeMapper:
         self._parts = SchemaParts(loads) if self._debezium and loads is not None else None
 
     @property
+    def fast_misses(self) -> int:
+        """Row images the compiled fast paths declined (see :attr:`Mapper.fast_misses`)."""
+        return self._upserts.fast_misses + self._deletes.fast_misses
+
+    @property
     def skips_tombstones(self) -> bool:
         """Every tombstone is a :class:`NoChange` here: the pipeline may count them done without mapping."""
         return self._tombstones == "skip" or (self._tombstones == "delete" and not self._tombstone_is_delete)

@@ -57,6 +57,7 @@ class Acceptor:
         #: hot-key sketch fed with every HOT_KEY_SAMPLE-th record (unbiased shares, bounded cost)
         self._rng = random.Random()
         self._sample_countdown = HOT_KEY_SAMPLE
+        self._misses_before = mapper.fast_misses  # the mapper may have mapped before this run
 
     def accept(self, records: list[Record], now_ms: int) -> None:
         """Track, map and route one polled chunk. The hot path: keep it lean.
@@ -147,6 +148,8 @@ class Acceptor:
         for (skipped_tp, skipped_epoch), run_of in itertools.groupby(skipped, _run_key):
             tracker.done_many(skipped_tp, [offset for _, offset, _ in run_of], skipped_epoch)
         self._stats.skipped += len(skipped)
+        self._stats.fast_path_misses = self._mapper.fast_misses - self._misses_before
         for lane, items in enumerate(lane_items):
             if items:
+                self._stats.records_mapped += len(items)
                 self._batching.buffer(lane, items, lane_sizes[lane], now_ms)

@@ -22,6 +22,10 @@ class PipelineStats:
     rows_deleted: int = 0
     dead_lettered: Counter[tuple[str, str]] = field(default_factory=Counter)
     skipped: int = 0
+    #: records handed to the mapper, and those of them its compiled fast path declined (mapped by the
+    #: generic loop instead, which alone decides poison): the fast path's hit rate
+    records_mapped: int = 0
+    fast_path_misses: int = 0
     #: exactly-once: records re-read after a restart that the database already had
     already_written: int = 0
     batches: int = 0
@@ -85,6 +89,8 @@ class PipelineStats:
             "dead_lettered": self.dead_lettered_total,
             "dead_lettered_by_class": {f"{k[0]}/{k[1]}": v for k, v in self.dead_lettered.items()},
             "skipped": self.skipped,
+            "records_mapped": self.records_mapped,
+            "fast_path_misses": self.fast_path_misses,
             "already_written": self.already_written,
             "batches": self.batches,
             "flushes": dict(self.flushes),

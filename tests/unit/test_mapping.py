@@ -16,6 +16,7 @@ from psycopg.adapt import PyFormat, Transformer
 
 from ingest.config import ColumnSpec
 from ingest.core.mapping import Mapper
+from ingest.core.mapping.fastmap import EXACT_FROMTIMESTAMP_MS
 from ingest.errors import InvalidRecord
 from ingest.types import Record
 
@@ -795,3 +796,30 @@ def test_fast_path_takes_the_inline_numeric_and_epoch_branches() -> None:
     row, _ = mapper._fast(rec({"a": 12.34, "t": 1764460800123, "u": -1}))
     assert row == (Decimal("12.34"), datetime(2025, 11, 30, 0, 0, 0, 123000, tzinfo=timezone.utc),
                    datetime(1969, 12, 31, 23, 59, 59, 999000))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(ms=st.one_of(st.integers(min_value=0, max_value=EXACT_FROMTIMESTAMP_MS - 1),
+                    st.integers(min_value=-(2**45), max_value=2**45),
+                    st.sampled_from([0, 1, 999, 1000, EXACT_FROMTIMESTAMP_MS - 1, EXACT_FROMTIMESTAMP_MS, -1])))
+def test_fast_path_epoch_milliseconds_agree(ms: int) -> None:
+    """The inline ``fromtimestamp`` branch for timestamptz gives exactly the generic loop's datetime."""
+    for type_ in ("timestamptz", "timestamp"):
+        mapper = Mapper({"t": ColumnSpec(type=type_)})
+        record = rec({"t": ms})
+        assert_fast_path_agrees(mapper, record)
+        assert mapper.map(record)[0][0] == mapper.map_generic(record)[0][0]
+        assert mapper.fast_misses == 0, "an in-range int takes the fast path"
+
+
+def test_fast_misses_count_the_records_the_fast_path_declines() -> None:
+    mapper = Mapper({"n": ColumnSpec(type="bigint", required=True), "t": ColumnSpec(type="text")})
+    mapper.map(rec({"n": 1, "t": "a"}))
+    assert mapper.fast_misses == 0
+    mapper.map(rec({"n": "2", "t": "b"}))  # a numeric string: the fast path hands it to the coercer, a hit
+    assert mapper.fast_misses == 0
+    with pytest.raises(InvalidRecord):
+        mapper.map(rec({"t": "c"}))  # poison: the generic loop decides
+    with pytest.raises(InvalidRecord):
+        mapper.map_document(rec(), {"n": "x"})
+    assert mapper.fast_misses == 2

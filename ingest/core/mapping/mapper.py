@@ -154,13 +154,16 @@ class Mapper:
     """
 
     __slots__ = ("column_names", "column_types", "_plan", "_needs_json", "_needs_object", "_key_getter", "_fast",
-                 "_fast_doc", "_decoder", "_describe")
+                 "_fast_doc", "_decoder", "_describe", "fast_misses")
 
     def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None, *,
                  dialect: str | None = None, decoder: Decoder | None = None,
                  key_decoder: Decoder | None = None) -> None:
         if dialect not in (None, "postgres", "clickhouse"):
             raise ValueError(f"unknown dialect {dialect!r}")
+        #: records the compiled fast path declined (the generic loop mapped them or found them poison):
+        #: the fast path's hit rate is ``1 - fast_misses / records mapped``
+        self.fast_misses = 0
         if not columns:
             raise ValueError("at least one column is required")
         sources = {name: spec.source or f"$.{name}" for name, spec in columns.items()}
@@ -219,6 +222,7 @@ class Mapper:
         try:
             return self._fast(record)
         except Exception:  # noqa: BLE001 - the generic loop gives the precise result or error
+            self.fast_misses += 1
             return self.map_generic(record)
 
     def map_generic(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
@@ -263,6 +267,7 @@ class Mapper:
         try:
             return self._fast_doc(record, doc)
         except Exception:  # noqa: BLE001 - the generic loop gives the precise result or error
+            self.fast_misses += 1
             return self._map_doc(record, doc)
 
     def _map_doc(self, record: Record, doc: Any) -> tuple[tuple[Any, ...], bytes | None]:
