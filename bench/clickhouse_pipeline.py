@@ -366,7 +366,7 @@ def main() -> None:
         print(f"bounds: e <= (a) = {a:,.0f}/s, so e/r <= a/r = {a / r:.2f};   e/a = {best / a:.2f}\n"
               f"machine CPU per record (broker + ClickHouse + Python): (a) {cpu_a:.1f} us, (w) {cpu_w:.1f} us -> "
               f"both on {cores} cores cap end to end at {bound:,.0f}/s;   e / that cap = {best / bound:.2f}")
-        print(f"\ntargets (medians of {args.rounds} rounds):\n"
+        print(f"\ntargets (medians of {args.rounds} round{'s' if args.rounds != 1 else ''}):\n"
               f"  e(lanes=1) / (a) consume only = {e_med[1]:,.0f} / {a_med:,.0f} = {e_med[1] / a_med:.2f} "
               f"(target >= 0.9)\n"
               f"  ingest's own CPU per record (lanes=1) {own_med[1]:.2f} us (target <= 4)\n"

@@ -23,7 +23,12 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 @pytest.mark.parametrize(("script", "args", "expect"), [
     ("pg_pipeline.py", ["--records", "3000", "--naive-records", "100", "--rounds", "1", "--processes", "0",
-                        "--lanes", "1"], "(e) ingest run, lanes=1"),
+                        "--lanes", "1"],
+     ("(e) ingest run, lanes=1", "fast path 100.00 %",
+      # the poison stream beside the clean one: its dead letters are exactly its poison records
+      re.compile(r"0\.1 % poison stream, lanes=1: [\d,]+ records/s, poison / clean = [\d.]+ .*fast path 99\.90 %, "
+                 r"3 dead letters = the poison records"),
+      re.compile(r"1 process \(lanes=1\): e / min\(a,b\) = [\d.]+ +\(target >= 0\.9\)"))),
     ("pg_pipeline.py", ["--records", "3000", "--naive-records", "100", "--rounds", "1", "--processes", "0",
                         "--lanes", "1", "--format", "both"],
      "json lanes=1 1000 rows (1000 written); avro lanes=1 1000 rows (1000 written)"),
@@ -36,7 +41,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
       re.compile(r"^lanes=1 +protobuf +[\d,]+ +[\d,]+ +-?[\d.]+$", re.MULTILINE),
       re.compile(r"^lanes=1 +protobuf/json +x[\d.]+ +x-?[\d.]+$", re.MULTILINE))),
     ("clickhouse_pipeline.py", ["--records", "3000", "--rounds", "1", "--lanes", "1"],
-     "(end-to-end table: 1000 keys with FINAL, as expected)"),
+     ("(end-to-end tables: 1000 keys with FINAL, as expected; poison tables:", "fast-path hit rate 100.00 %",
+      "ingest's own CPU per record (lanes=1)")),
     # the CDC streams beside the plain upserts; each final table checked against its source table
     ("cdc_pipeline.py", ["--records", "3000", "--rounds", "1"], "(end-to-end tables of the last round"),
 ])
