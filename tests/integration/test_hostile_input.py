@@ -68,5 +68,8 @@ def test_hostile_records_are_written_or_dead_lettered(tmp_path, kafka_bootstrap,
             assert message
     summary = orjson.loads((tmp_path / "s.json").read_bytes())["pipelines"]["zoo"]
     assert summary["records_consumed"] == len(ZOO)
+    # The fast path took every record but those the mapper found poison (the generic loop decided those).
+    assert summary["records_mapped"] == len(ZOO)
+    assert summary["fast_path_misses"] == sum(1 for _, _, fate in ZOO if fate in ("decode", "map"))
     assert summary["flushes"].get("bytes", 0) >= 1  # the big record forced a bytes flush, alone
     assert committed_offsets(kafka_bootstrap, group_id, topic) == log_end_offsets(kafka_bootstrap, topic)
