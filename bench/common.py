@@ -32,6 +32,51 @@ def event(i: int, key: int) -> bytes:
                          "amount": round(i % 10000 / 100, 2), "ts": 1764460800000 + i})
 
 
+_AGENTS = ["Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36",
+           "Mozilla/5.0 (iPhone; CPU iPhone OS 18_1 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) "
+           "Version/18.1 Mobile/15E148 Safari/604.1"]
+
+
+def wide_event(i: int, key: int) -> bytes:
+    """A wide record (~750 B of JSON, nested objects and an array): the shape of a web analytics event,
+    as the figures clickhouse_sinker publishes are for. ``id`` = its key, like :func:`event`."""
+    return orjson.dumps({
+        "id": key, "ts": 1764460800000 + i, "kind": ("click", "view", "scroll")[i % 3],
+        "user": {"id": i % 99_991, "name": f"user-{i % 99_991:05d}", "country": ("DE", "IT", "FR", "PL")[i % 4],
+                 "new": i % 7 == 0},
+        "session": f"{i * 2654435761 % 2**64:016x}-{key:08x}-4a1b-9c2d-{i:012x}",
+        "amount": round(i % 10000 / 100, 2), "currency": "EUR", "ip": f"10.{i % 256}.{i // 256 % 256}.{i % 251}",
+        "ua": _AGENTS[i % 2],
+        "page": {"url": f"https://shop.example.com/catalogue/category-{i % 50}/product-{i % 5000}?ref=campaign-{i % 9}",
+                 "referrer": f"https://www.search.example/results?q=product+{i % 5000}&page={i % 5}",
+                 "title": f"Product {i % 5000} - Category {i % 50} - Example Shop"},
+        "latency_ms": i % 1500, "score": (i % 1000) / 7, "tags": ["promo", f"cat-{i % 50}", "mobile" if i % 2 else "desktop"],
+        "meta": {"app": "web", "version": "4.12.0", "experiment": f"exp-{i % 4}", "build": 20261201,
+                 "screen": "1920x1080", "lang": "de-DE,de;q=0.9,en;q=0.8"},
+    })
+
+
+#: The wide record's columns (16; nested paths, a jsonb array) in the benches' configuration form.
+WIDE_COLUMNS = {
+    "event_id": {"type": "bigint", "source": "$.id", "required": True},
+    "ts": {"type": "timestamptz", "source": "$.ts"},
+    "kind": {"type": "text", "source": "$.kind"},
+    "user_id": {"type": "bigint", "source": "$.user.id"},
+    "user_name": {"type": "text", "source": "$.user.name"},
+    "country": {"type": "text", "source": "$.user.country"},
+    "is_new": {"type": "boolean", "source": "$.user.new"},
+    "session": {"type": "text", "source": "$.session"},
+    "amount": {"type": "numeric(12,2)", "source": "$.amount"},
+    "currency": {"type": "text", "source": "$.currency"},
+    "ip": {"type": "text", "source": "$.ip"},
+    "user_agent": {"type": "text", "source": "$.ua"},
+    "url": {"type": "text", "source": "$.page.url"},
+    "referrer": {"type": "text", "source": "$.page.referrer"},
+    "latency_ms": {"type": "integer", "source": "$.latency_ms"},
+    "tags": {"type": "jsonb", "source": "$.tags"},
+}
+
+
 #: One record in this many of the poison stream is poison (0.1 %).
 POISON_EVERY = 1000
 

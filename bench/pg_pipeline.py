@@ -19,6 +19,13 @@ same records:
                           empty topic (start-up, group join, idle wait)
 
 (e) runs with 1 and 4 lanes in one process, and with ``--processes 2`` and 1 or 2 lanes each.
+Two more streams run end to end in the first configuration (1 process, the first of ``--lanes``),
+each right after its clean run in every round: (p) the same records with 0.1 % poison
+(``common.poison_event``; the run must dead-letter exactly those) and (w) a wide stream
+(``common.wide_event``: 16 columns, ~760 B, nested paths, a jsonb array), reported in records/s,
+MB/s (key + value bytes) and CPU per record (ingest's own, the machine's). The script ends with
+the hot-path targets (issue #19): every ratio from this run's medians, the fast path's hit rate
+per configuration (``records_mapped`` / ``fast_path_misses`` of the run summary).
 (a), (b), (c) and every (e) are measured ``--rounds`` times, interleaved (one round measures
 each once), because this shared machine has slow spells of many seconds: the script prints
 the best and the median of each and the ratios of the best figures (and of the medians)
@@ -78,6 +85,7 @@ from common import (  # noqa: E402
     CONSUMER,
     EVENT_AVRO_SCHEMA,
     PARTITIONS,
+    WIDE_COLUMNS,
     BusySampler,
     Window,
     consume_all,
@@ -90,6 +98,7 @@ from common import (  # noqa: E402
     poison_event,
     produce,
     run_measured,
+    wide_event,
 )
 
 #: tests/, for the test harness's Schema Registry stand-in and serializer helpers (``harness.*``).
@@ -116,7 +125,7 @@ REGISTRY_FORMATS = ("avro", "protobuf")
 NAMES = {"json": "JSON", "avro": "Avro", "protobuf": "Protobuf"}
 
 
-def make_table(dsn: str, name: str, keyed: bool) -> None:
+def make_table(dsn: str, name: str, keyed: bool, columns: dict | None = None) -> None:
     """A keyed table exactly as ``ingest migrate`` creates it; an unkeyed one of the configured columns only."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'DROP TABLE IF EXISTS "{name}"')
@@ -124,11 +133,11 @@ def make_table(dsn: str, name: str, keyed: bool) -> None:
             conn.execute(f'CREATE TABLE "{name}" (event_id bigint NOT NULL, user_id bigint, kind text, '
                          f'amount numeric(12,2), ts timestamptz)')
     if keyed:
-        execute_ddl(dsn, "bench", sink_table_sql(sink_settings(dsn, name)))
+        execute_ddl(dsn, "bench", sink_table_sql(sink_settings(dsn, name, columns)))
 
 
-def sink_settings(dsn: str, table: str) -> PostgresSinkSettings:
-    return PostgresSinkSettings(dsn=dsn, table=table, conflict_key=["event_id"], columns=COLUMNS)
+def sink_settings(dsn: str, table: str, columns: dict | None = None) -> PostgresSinkSettings:
+    return PostgresSinkSettings(dsn=dsn, table=table, conflict_key=["event_id"], columns=columns or COLUMNS)
 
 
 def write_path(dsn: str, rows: list[tuple]) -> Window:
@@ -184,7 +193,7 @@ def naive(bootstrap: str, topic: str, dsn: str, mapper: Mapper, n: int) -> float
 
 
 def e2e_config(bootstrap: str, topic: str, dsn: str, table: str, lanes: int, registry_url: str | None = None,
-               fmt: str = "avro") -> dict:
+               fmt: str = "avro", columns: dict | None = None) -> dict:
     """The end-to-end configuration; with ``registry_url``, the same one reading ``fmt`` (``avro`` or
     ``protobuf``; schemas from that Schema Registry)."""
     cfg = {
@@ -192,7 +201,8 @@ def e2e_config(bootstrap: str, topic: str, dsn: str, table: str, lanes: int, reg
         "pipelines": [{
             "name": "bench", "topics": [topic], "group_id": f"bench-e2e-{uuid.uuid4().hex}",
             "lanes": lanes, "batch": {"max_rows": BATCH_ROWS, "max_latency_ms": 200},
-            "sink": {"kind": "postgres", "dsn": dsn, "table": table, "conflict_key": ["event_id"], "columns": COLUMNS},
+            "sink": {"kind": "postgres", "dsn": dsn, "table": table, "conflict_key": ["event_id"],
+                     "columns": columns or COLUMNS},
             "dlq": {"kind": "postgres", "table": "bench_dlq"},
         }],
     }
@@ -268,28 +278,28 @@ def run_command(path: Path, processes: int, summary: Path | None = None) -> list
 
 
 def idle_cpu_s(bootstrap: str, dsn: str, lanes: int, processes: int, registry_url: str | None = None,
-               fmt: str = "avro") -> float:
+               fmt: str = "avro", columns: dict | None = None) -> float:
     """CPU-seconds of ``ingest run`` (its own processes only) on an empty topic: start-up, group join
     and the idle wait, which the end-to-end runs also pay; subtracted to give ingest's CPU per record."""
     topic = f"bench-idle-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic)
     table = f"bench_idle_{lanes}_{processes}"
-    make_table(dsn, table, keyed=True)
+    make_table(dsn, table, keyed=True, columns=columns)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "idle.yaml"
-        path.write_text(yaml.safe_dump(e2e_config(bootstrap, topic, dsn, table, lanes, registry_url, fmt)))
+        path.write_text(yaml.safe_dump(e2e_config(bootstrap, topic, dsn, table, lanes, registry_url, fmt, columns)))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         return run_measured(run_command(path, processes), env=env)
 
 
 def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int = 1,
-               registry_url: str | None = None, fmt: str = "avro", tag: str = "") -> dict:
+               registry_url: str | None = None, fmt: str = "avro", tag: str = "", columns: dict | None = None) -> dict:
     """``ingest run`` of ``topic`` (``fmt``, Avro or Protobuf, with ``registry_url``; else JSON) into a fresh
     table (``tag`` in its name: another stream's table)."""
     table = (f"bench_e2e{tag}_{lanes}_{processes}" if registry_url is None
              else f"bench_e2e_{fmt}{tag}_{lanes}_{processes}")
-    make_table(dsn, table, keyed=True)
-    cfg = e2e_config(bootstrap, topic, dsn, table, lanes, registry_url, fmt)
+    make_table(dsn, table, keyed=True, columns=columns)
+    cfg = e2e_config(bootstrap, topic, dsn, table, lanes, registry_url, fmt, columns)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -407,6 +417,8 @@ def main() -> None:
                          "JSON and Avro side by side (both), or all three (all), interleaved; "
                          "(a)-(d) always read the JSON stream")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON to this file")
+    ap.add_argument("--no-wide", action="store_true",
+                    help="skip the wide stream (16 columns, ~760 B, nested; end to end, 1 process, first of --lanes)")
     ap.add_argument("--no-poison", action="store_true",
                     help="skip the 0.1 %%-poison stream (end to end, 1 process, lanes as the first of --lanes)")
     args = ap.parse_args()
@@ -431,6 +443,16 @@ def main() -> None:
             produce(bootstrap, poison_topic, args.records, poison_event)
             print(f"produced the same records with {poison_count(args.records)} poison ones (0.1 %) to "
                   f"{poison_topic}", flush=True)
+        wide_topic, wide_bytes = None, 0
+        if not args.no_wide:
+            wide_topic = f"bench-wide-{uuid.uuid4().hex[:8]}"
+            create_topic(bootstrap, wide_topic)
+            produce(bootstrap, wide_topic, args.records, wide_event)
+            keys = max(1, args.records // 3)
+            wide_bytes = sum(len(wide_event(i, (i * 7919) % keys)) + len(str((i * 7919) % keys))
+                             for i in range(args.records))
+            print(f"produced the wide stream ({len(WIDE_COLUMNS)} columns, {wide_bytes / args.records:.0f} B of key "
+                  f"and value per record) to {wide_topic}", flush=True)
         topics: dict[str, str] = {"json": topic}
         urls: dict[str, str | None] = {"json": None}
         for fmt in (f for f in formats if f in REGISTRY_FORMATS):
@@ -462,6 +484,7 @@ def main() -> None:
         #: the poison stream, end to end in the first (default) configuration, right after its clean run
         poison_label = configs[0][0]
         poison_runs: list[dict] = []
+        wide_runs: list[dict] = []
         for rnd in range(args.rounds):
             records, win_a = consume_all(bootstrap, topic, n)
             if not rows:
@@ -486,6 +509,11 @@ def main() -> None:
                     if poison_runs[-1]["dead_lettered"] != poison_count(n):
                         raise SystemExit(f"the poison stream dead-lettered {poison_runs[-1]['dead_lettered']} "
                                          f"records, expected {poison_count(n)}")
+                if label == poison_label and wide_topic is not None:
+                    wide_runs.append(end_to_end(bootstrap, wide_topic, dsn, lanes, processes, tag="_wide",
+                                                columns=WIDE_COLUMNS))
+                    if wide_runs[-1]["dead_lettered"] or wide_runs[-1]["consumed"] != n:
+                        raise SystemExit(f"the wide stream: {wide_runs[-1]}")
             print(f"round {rnd + 1}/{args.rounds}: a {rates['a'][-1]:,.0f}  b {rates['b'][-1]:,.0f}  "
                   + "  ".join(f"e[{k if fmt == 'json' else fmt + ' ' + k}] {v[-1]['rate']:,.0f}"
                               for fmt in formats for k, v in by_format[fmt].items()), flush=True)
@@ -549,6 +577,19 @@ def main() -> None:
                   f"= {cap_e / min(a, b):.2f} x min(a,b);   e / that cap = {best / cap_e:.2f}")
         targets = print_targets(e2e, e_med, configs, poison_label, poison_runs, a_med, b_med, cpu_a, cpu_b, cores,
                                 idle, n, args.rounds)
+        if wide_runs:
+            lanes, processes = configs[0][1], configs[0][2]
+            wide_idle = idle_cpu_s(bootstrap, dsn, lanes, processes, columns=WIDE_COLUMNS)
+            wide_rate = statistics.median(r["rate"] for r in wide_runs)
+            wide_own = statistics.median((r["process_cpu_s"] - wide_idle) / n * 1e6 for r in wide_runs)
+            wide_cpu = [r["cpu_us"] for r in wide_runs if r.get("cpu_us")]
+            targets.update(wide_rate=wide_rate, wide_mb_s=wide_rate * wide_bytes / n / 1e6,
+                           wide_own_cpu_us_per_record=wide_own,
+                           wide_machine_cpu_us_per_record=statistics.median(wide_cpu) if wide_cpu else None)
+            print(f"  wide stream ({len(WIDE_COLUMNS)} columns, {wide_bytes / n:.0f} B, nested), {poison_label}: "
+                  f"{wide_rate:,.0f} records/s = {targets['wide_mb_s']:.1f} MB/s; ingest's own CPU {wide_own:.2f} us"
+                  + (f", the machine's {targets['wide_machine_cpu_us_per_record']:.1f} us" if wide_cpu else "")
+                  + f" per record (median of {len(wide_runs)}; idle run {wide_idle:.2f} s)")
         if any(fmt in REGISTRY_FORMATS for fmt in formats):
             compare_formats(by_format, idles, n, args.rounds, dsn, rows)
         if args.json:

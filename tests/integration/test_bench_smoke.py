@@ -28,7 +28,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
       # the poison stream beside the clean one: its dead letters are exactly its poison records
       re.compile(r"0\.1 % poison stream, lanes=1: [\d,]+ records/s, poison / clean = [\d.]+ .*fast path 99\.90 %, "
                  r"3 dead letters = the poison records"),
-      re.compile(r"1 process \(lanes=1\): e / min\(a,b\) = [\d.]+ +\(target >= 0\.9\)"))),
+      re.compile(r"1 process \(lanes=1\): e / min\(a,b\) = [\d.]+ +\(target >= 0\.9\)"),
+      re.compile(r"wide stream \(16 columns, \d+ B, nested\), lanes=1: [\d,]+ records/s = [\d.]+ MB/s"))),
     ("pg_pipeline.py", ["--records", "3000", "--naive-records", "100", "--rounds", "1", "--processes", "0",
                         "--lanes", "1", "--format", "both"],
      "json lanes=1 1000 rows (1000 written); avro lanes=1 1000 rows (1000 written)"),
