@@ -92,6 +92,12 @@ def poison_event(i: int, key: int) -> bytes:
     return orjson.dumps({"id": f"id-{key}", "user": i % 997, "kind": "click", "amount": 1.5, "ts": 1764460800000 + i})
 
 
+def fast_path_hit_rate(stats: dict[str, Any]) -> float | None:
+    """The mapper's fast-path hit rate in a pipeline's ``--summary-json`` stats (None: nothing mapped)."""
+    mapped = stats.get("records_mapped") or 0
+    return 1 - stats.get("fast_path_misses", 0) / mapped if mapped else None
+
+
 def poison_count(n: int) -> int:
     """How many of the first ``n`` records of the poison stream are poison."""
     return n // POISON_EVERY

@@ -94,6 +94,7 @@ from common import (  # noqa: E402
     event_avro_doc,
     event_message,
     event_message_class,
+    fast_path_hit_rate,
     poison_count,
     poison_event,
     produce,
@@ -319,8 +320,7 @@ def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int 
     # With --processes, busy_s spans all children; how far apart they started (group join) is part of it.
     starts = [p["summary"]["pipelines"]["bench"]["busy_window_s"][0] for p in data.get("processes", [])
               if p.get("summary") and p["summary"]["pipelines"]["bench"].get("busy_window_s", [None])[0] is not None]
-    mapped = stats.get("records_mapped") or 0
-    hit_rate = 1 - stats.get("fast_path_misses", 0) / mapped if mapped else None
+    hit_rate = fast_path_hit_rate(stats)
     return {"rate": rate, "rss": data.get("peak_rss_bytes", 0), "rows": stats["rows_written"], "cpu_us": cpu_us,
             "hit_rate": hit_rate, "dead_lettered": stats["dead_lettered"],
             "process_cpu_s": process_cpu_s, "table": table,
