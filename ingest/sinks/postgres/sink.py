@@ -177,8 +177,7 @@ class PostgresSink:
             elif self._cfg.write_method == "copy":
                 with cur.copy(self._sql.copy_stage) as copy:
                     copy.set_types(self._sql.copy_types)
-                    for row in rows:
-                        copy.write_row(row)
+                    self._copy_rows(copy, rows)
                 cur.execute(self._sql.insert_from_stage)
                 self.statements += 2
             else:
@@ -188,6 +187,22 @@ class PostgresSink:
                     chunk = rows[start:start + per_statement]
                     cur.execute(self._sql.insert_values(len(chunk)), [v for row in chunk for v in row])
                     self.statements += 1
+
+    def _copy_rows(self, copy: psycopg.Copy, rows: Sequence[tuple[Any, ...]]) -> None:
+        """``rows`` into the stage, the numeric columns staged as text as their Decimal's text (statements.py)."""
+        write = copy.write_row
+        as_text = self._sql.numeric_as_text
+        if not as_text:
+            for row in rows:
+                write(row)
+            return
+        for row in rows:
+            staged = list(row)
+            for i in as_text:
+                value = staged[i]
+                if value is not None:
+                    staged[i] = str(value)
+            write(staged)
 
     def _write_changes(self, cur: psycopg.Cursor[Any], rows: Sequence[tuple[Any, ...]], d: DeleteStatements) -> None:
         """Stage upserts and deletes with their flag, then upsert, delete and record tombstones
