@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from datetime import date, datetime, timedelta, timezone
@@ -15,8 +16,9 @@ from hypothesis import strategies as st
 from psycopg.adapt import PyFormat, Transformer
 
 from ingest.config import ColumnSpec
-from ingest.core.mapping import Mapper
+from ingest.core.mapping import Mapper, fastmap
 from ingest.core.mapping.fastmap import EXACT_FROMTIMESTAMP_MS
+from ingest.core.routing import stream_id
 from ingest.errors import InvalidRecord
 from ingest.types import Record
 
@@ -823,3 +825,44 @@ def test_fast_misses_count_the_records_the_fast_path_declines() -> None:
     with pytest.raises(InvalidRecord):
         mapper.map_document(rec(), {"n": "x"})
     assert mapper.fast_misses == 2
+
+
+#: Kafka's legal topic names
+_TOPICS = st.from_regex(r"[a-zA-Z0-9._-]{1,12}", fullmatch=True)
+#: Every metadata source the fast path reads inline (fastmap.INLINE_METADATA), into a column of each kind.
+METADATA = Mapper({
+    "topic": ColumnSpec(type="text", source="@topic"),
+    "partition": ColumnSpec(type="integer", source="@partition"),
+    "offset": ColumnSpec(type="bigint", source="@offset"),
+    "stream": ColumnSpec(type="bigint", source="@stream"),
+    "stream_text": ColumnSpec(type="text", source="@stream"),
+    "at": ColumnSpec(type="timestamptz", source="@timestamp"),
+    "at_ms": ColumnSpec(type="bigint", source="@timestamp", required=True),
+    "n": ColumnSpec(type="bigint"),
+})
+
+
+@_PROPERTY
+@given(topic=_TOPICS, partition=st.integers(0, 2**31 - 1), offset=st.integers(0, 2**63 - 1),
+       timestamp_ms=st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)),
+       origin=st.one_of(st.none(), st.tuples(_TOPICS, st.integers(0, 2**31 - 1),
+                                            st.integers(0, 2**63 - 1))))
+def test_fast_path_metadata_reads_agree(topic: str, partition: int, offset: int, timestamp_ms: int | None,
+                                        origin: tuple[str, int, int] | None) -> None:
+    """The inlined @topic/@partition/@offset/@stream/@timestamp reads (a republished record: its origin's)."""
+    record = dataclasses.replace(rec({"n": 1}, topic=topic, partition=partition, offset=offset,
+                                     timestamp_ms=timestamp_ms), origin=origin)
+    assert_fast_path_agrees(METADATA, record)
+    if timestamp_ms is not None and 0 <= timestamp_ms < 2**40:
+        row, _ = METADATA.map(record)
+        source = origin or (topic, partition, offset)
+        assert row[:4] == (source[0], source[1], source[2], stream_id(source[0], source[1]))
+
+
+def test_fast_path_stream_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More (topic, partition) pairs than the memo holds: it starts over, and every id stays right."""
+    monkeypatch.setattr(fastmap, "STREAM_MEMO_SIZE", 4)
+    mapper = Mapper({"s": ColumnSpec(type="bigint", source="@stream")})
+    for round_ in range(3):
+        for p in range(10):
+            assert mapper.map(rec({}, partition=p))[0] == (stream_id("orders", p),)

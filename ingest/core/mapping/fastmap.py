@@ -35,6 +35,8 @@ from typing import Any
 
 import orjson
 
+from ingest.core.routing import stream_id
+
 FastMap = Callable[[Any], tuple[tuple[Any, ...], bytes | None]]
 
 
@@ -60,6 +62,8 @@ class FastColumn:
     exact: ``EXACT_FROMTIMESTAMP_MS``) or ``None`` (always call ``coerce``). Each inline branch
     must compute exactly what ``coerce`` returns for the values it accepts.
     ``default``: the value for a missing optional column (shared object, as in the generic loop).
+    ``metadata``: the source when it is one of :data:`INLINE_METADATA` (then the read is inlined
+    instead of calling ``getter``; it must read what that getter reads).
     """
 
     getter: Callable[[Any, Any], Any]
@@ -68,6 +72,38 @@ class FastColumn:
     default: Any
     required: bool
     inline: tuple[Any, ...] | None
+    metadata: str | None = None
+
+
+#: Metadata sources whose read the generated code inlines: the expression (of ``record`` and ``o``,
+#: the record's ``origin``) that ``ingest.core.mapping.getters._metadata_getter`` evaluates for each.
+#: A republished record stands for its origin. ``@stream`` ids are memoised per (topic, partition).
+INLINE_METADATA = {
+    "@topic": "record.topic if o is None else o[0]",
+    "@partition": "record.partition if o is None else o[1]",
+    "@offset": "record.offset if o is None else o[2]",
+    "@stream": "_stream(record.topic, record.partition) if o is None else _stream(o[0], o[1])",
+    "@timestamp": "record.timestamp_ms",
+}
+
+#: At most this many (topic, partition) stream ids are memoised per mapper (then the memo starts over).
+STREAM_MEMO_SIZE = 65_536
+
+
+def _memoised_stream_id(stream_id: Callable[[str, int], int]) -> Callable[[str, int], int]:
+    """``stream_id`` memoised in a bounded dict (a digest per record costs more than the lookup)."""
+    memo: dict[tuple[str, int], int] = {}
+
+    def stream(topic: str, partition: int) -> int:
+        try:
+            return memo[topic, partition]
+        except KeyError:
+            if len(memo) >= STREAM_MEMO_SIZE:
+                memo.clear()
+            sid = memo[topic, partition] = stream_id(topic, partition)
+            return sid
+
+    return stream
 
 
 def compile_fast_map(columns: Sequence[FastColumn], *, needs_json: bool, needs_object: bool,
@@ -82,6 +118,7 @@ def compile_fast_map(columns: Sequence[FastColumn], *, needs_json: bool, needs_o
     already decoded document instead (a change event's row image, ``ingest.cdc``).
     """
     env: dict[str, Any] = {"_loads": loads, "_decode": decode, "_Fallback": _Fallback, "_render_key": render_key,
+                           "_stream": _memoised_stream_id(stream_id),
                            "_dict": dict, "_int": int, "_str": str, "_float": float, "_repr": repr,
                            "_Decimal": Decimal, "_timedelta": timedelta,
                            "_fromts": datetime.fromtimestamp}
@@ -99,6 +136,8 @@ def compile_fast_map(columns: Sequence[FastColumn], *, needs_json: bool, needs_o
             lines += ["    if type(doc) is not _dict:", "        raise _Fallback"]
     else:
         lines.append("    doc = None")
+    if any(col.metadata is not None for col in columns):
+        lines.append("    o = record.origin")
     names = []
     for i, col in enumerate(columns):
         names.append(f"c{i}")
@@ -127,6 +166,8 @@ def _column_lines(i: int, col: FastColumn, env: dict[str, Any], needs_object: bo
     lines = []
     if col.doc_key is not None and needs_object:
         lines.append(f"    {v} = doc.get({col.doc_key!r})")
+    elif col.metadata is not None:
+        lines.append(f"    {v} = {INLINE_METADATA[col.metadata]}")
     else:
         env[f"get{i}"] = col.getter
         lines.append(f"    {v} = get{i}(record, doc)")

@@ -61,7 +61,7 @@ from ingest.core.mapping.common import (
     Getter,
     _Bad,
 )
-from ingest.core.mapping.fastmap import FastColumn, compile_fast_map
+from ingest.core.mapping.fastmap import INLINE_METADATA, FastColumn, compile_fast_map
 from ingest.core.mapping.getters import (
     _metadata_getter,
     _parse_path,
@@ -111,7 +111,8 @@ def _compile_column(name: str, spec: ColumnSpec, dialect: str | None, source: st
         except _Bad as exc:
             raise ValueError(f"default is not a valid {full}: {exc.detail}") from None
     entry = (name, source, getter, coerce, default, required)
-    return entry, FastColumn(getter, doc_key, coerce, default, required, inline), full
+    metadata = source if source in INLINE_METADATA else None
+    return entry, FastColumn(getter, doc_key, coerce, default, required, inline, metadata), full
 
 def _key_path_getter(source: str, key_decoder: Decoder | None) -> Getter:
     """``@key.$.PATH``: the value at PATH in the record's key, decoded by the key format (a key that
