@@ -44,6 +44,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
     ("clickhouse_pipeline.py", ["--records", "3000", "--rounds", "1", "--lanes", "1"],
      ("(end-to-end tables: 1000 keys with FINAL, as expected; poison tables:", "fast-path hit rate 100.00 %",
       "ingest's own CPU per record (lanes=1)")),
+    ("sink_cpu.py", ["--rows", "300", "--batches", "2", "--rounds", "1"],
+     re.compile(r"PostgresSink\.write, 2 x 300 rows, median of 1: client CPU [\d.]+ us/row")),
     # the CDC streams beside the plain upserts; each final table checked against its source table
     ("cdc_pipeline.py", ["--records", "3000", "--rounds", "1"], "(end-to-end tables of the last round"),
 ])
