@@ -45,7 +45,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
      ("(end-to-end tables: 1000 keys with FINAL, as expected; poison tables:", "fast-path hit rate 100.00 %",
       "ingest's own CPU per record (lanes=1)")),
     ("sink_cpu.py", ["--rows", "300", "--batches", "2", "--rounds", "1"],
-     re.compile(r"PostgresSink\.write, 2 x 300 rows, median of 1: client CPU [\d.]+ us/row")),
+     (re.compile(r"PostgresSink\.write, 2 x 300 rows, median of 1: client CPU [\d.]+ us/row"),)),
     # the CDC streams beside the plain upserts; each final table checked against its source table
     ("cdc_pipeline.py", ["--records", "3000", "--rounds", "1"], "(end-to-end tables of the last round"),
 ])
@@ -53,6 +53,6 @@ def test_bench_runs_end_to_end(script: str, args: list[str], expect: str | tuple
     res = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
                          timeout=280, stdin=subprocess.DEVNULL)
     assert res.returncode == 0, f"{script} exited {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-    for want in (expect,) if isinstance(expect, str) else expect:
+    for want in (expect,) if isinstance(expect, str) else expect:  # one string, or a tuple of strings / patterns
         found = want in res.stdout if isinstance(want, str) else want.search(res.stdout) is not None
         assert found, f"{want!r} not in the output:\n{res.stdout[-3000:]}"
