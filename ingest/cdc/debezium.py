@@ -104,7 +104,7 @@ from datetime import date, datetime, time, timedelta, timezone
 from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
 from typing import Any
 
-from ingest.core.mapping.common import _show
+from ingest.core.mapping.common import _show, float_decimal
 from ingest.errors import InvalidRecord
 
 __all__ = ["CACHE_SIZE", "Change", "SchemaParts", "envelope_change", "schema_plans", "unwrap", "unwrap_key"]
@@ -165,7 +165,7 @@ def _decimal_converter(scale_param: Any) -> Callable[[Any], Decimal]:
         if t is float:
             if v - v != 0.0:
                 raise ValueError("not a finite number")
-            return Decimal(repr(v))
+            return float_decimal(v)
         raise TypeError("expected a base64 string")
 
     return conv

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import struct
 import uuid
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
@@ -17,6 +19,7 @@ from psycopg.adapt import PyFormat, Transformer
 
 from ingest.config import ColumnSpec
 from ingest.core.mapping import Mapper, fastmap
+from ingest.core.mapping.common import float_decimal
 from ingest.core.mapping.fastmap import EXACT_FROMTIMESTAMP_MS
 from ingest.core.routing import stream_id
 from ingest.errors import InvalidRecord
@@ -705,8 +708,23 @@ def test_timestamptz_roundtrip(dt: datetime) -> None:
 @given(f=st.floats(allow_nan=False, allow_infinity=False))
 def test_float_roundtrip(f: float) -> None:
     assert one("double precision", f) == f
-    assert one("numeric", f) == Decimal(repr(f))
+    # the same Decimal as repr's text: sign, digits and exponent (so numeric keeps the same scale)
+    assert one("numeric", f).as_tuple() == Decimal(repr(f)).as_tuple()
     assert float(one("numeric", f)) == f
+
+
+@settings(max_examples=20_000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(f=st.one_of(st.floats(allow_nan=False, allow_infinity=False),
+                   st.integers(0, 2**64 - 1).map(lambda bits: struct.unpack("<d", struct.pack("<Q", bits))[0])
+                   .filter(math.isfinite),
+                   st.decimals(places=2, min_value=-10**12, max_value=10**12).map(float)))
+def test_float_decimal_is_the_decimal_of_repr(f: float) -> None:
+    """common.float_decimal (orjson's float text) is exactly ``Decimal(repr(f))``: sign, digits, exponent.
+
+    An orjson release that wrote floats differently (another notation threshold, another shortest
+    digit string) would change numeric values' scale; this fails first.
+    """
+    assert float_decimal(f).as_tuple() == Decimal(repr(f)).as_tuple()
 
 
 @_PROPERTY

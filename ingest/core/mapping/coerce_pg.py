@@ -32,6 +32,7 @@ from ingest.core.mapping.common import (
     _Bad,
     _fromisoformat,
     _show,
+    float_decimal,
 )
 
 # --------------------------------------------------------------------------- coercers
@@ -85,7 +86,7 @@ def _numeric(v: Any) -> Decimal:
     if t is float:
         if v - v != 0.0:  # inf or nan; any finite double fits PostgreSQL numeric
             raise _Bad("invalid_value", f"{_show(v)} is not a finite number")
-        return Decimal(repr(v))  # shortest repr: no binary noise (0.1 -> Decimal('0.1'))
+        return float_decimal(v)  # the shortest text: no binary noise (0.1 -> Decimal('0.1'))
     if t is int:
         d = Decimal(v)
         return d if v.bit_length() <= 64 else _check_decimal(d, v)

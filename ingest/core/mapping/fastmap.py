@@ -57,7 +57,7 @@ class FastColumn:
     ``getter``: the generic ``getter(record, doc)``; ``doc_key`` when the source is
     a one-key path read from a dict document (then ``doc.get(doc_key)`` is inlined).
     ``inline``: ``("int", lo, hi)``, ``("text", forbid_nul)``, ``("decimal",)`` (a finite float becomes
-    ``Decimal(repr(v))``), ``("epoch_ms", epoch, lo, hi)`` (an int in ``[lo, hi]`` becomes
+    ``common.float_decimal(v)``), ``("epoch_ms", epoch, lo, hi)`` (an int in ``[lo, hi]`` becomes
     ``epoch + timedelta(milliseconds=v)``; for an aware epoch, ``datetime.fromtimestamp`` where that is
     exact: ``EXACT_FROMTIMESTAMP_MS``) or ``None`` (always call ``coerce``). Each inline branch
     must compute exactly what ``coerce`` returns for the values it accepts.
@@ -119,8 +119,8 @@ def compile_fast_map(columns: Sequence[FastColumn], *, needs_json: bool, needs_o
     """
     env: dict[str, Any] = {"_loads": loads, "_decode": decode, "_Fallback": _Fallback, "_render_key": render_key,
                            "_stream": _memoised_stream_id(stream_id),
-                           "_dict": dict, "_int": int, "_str": str, "_float": float, "_repr": repr,
-                           "_Decimal": Decimal, "_timedelta": timedelta,
+                           "_dict": dict, "_int": int, "_str": str, "_float": float,
+                           "_Decimal": Decimal, "_dumps": orjson.dumps, "_timedelta": timedelta,
                            "_fromts": datetime.fromtimestamp}
     if given_doc:
         lines = ["def fast(record, doc):"]
@@ -189,7 +189,7 @@ def _column_lines(i: int, col: FastColumn, env: dict[str, Any], needs_object: bo
         lines.append(f"        {c} = {v}")
     elif kind == "decimal":  # finite: v - v is 0.0 (inf - inf and nan are nan)
         lines.append(f"    elif type({v}) is _float and {v} - {v} == 0.0:")
-        lines.append(f"        {c} = _Decimal(_repr({v}))")
+        lines.append(f"        {c} = _Decimal(_dumps({v}).decode())")  # common.float_decimal, inline
     elif kind == "epoch_ms":
         _, epoch, lo, hi = col.inline  # type: ignore[misc]
         env[f"epoch{i}"] = epoch
