@@ -30,6 +30,7 @@ _REAL_MAX = 3.4028234663852886e38
 _NUMERIC_MAX_ADJUSTED = 131071
 _NUMERIC_MIN_EXPONENT = -16383
 
+
 def float_decimal(v: float) -> Decimal:
     """The Decimal of a finite float's shortest round-trip text: ``0.1 -> Decimal('0.1')``, no binary noise.
 
