@@ -878,9 +878,23 @@ def test_fast_path_metadata_reads_agree(topic: str, partition: int, offset: int,
 
 
 def test_fast_path_stream_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """More (topic, partition) pairs than the memo holds: it starts over, and every id stays right."""
+    """More (topic, partition) pairs than the memo holds: it starts over (an evicted pair is digested
+    again), a pair still held is not, and every id stays right -- inside a mapper too."""
     monkeypatch.setattr(fastmap, "STREAM_MEMO_SIZE", 4)
+    digested: list[tuple[str, int]] = []
+
+    def counting(topic: str, partition: int) -> int:
+        digested.append((topic, partition))
+        return stream_id(topic, partition)
+
+    stream = fastmap._memoised_stream_id(counting)
+    assert [stream("t", p) for p in (0, 1, 0)] == [stream_id("t", 0), stream_id("t", 1), stream_id("t", 0)]
+    assert digested == [("t", 0), ("t", 1)]  # the repeat came from the memo
+    for p in range(2, 6):  # the memo fills at 4 and starts over
+        stream("t", p)
+    digested.clear()
+    assert stream("t", 0) == stream_id("t", 0) and digested == [("t", 0)]  # evicted: digested again
     mapper = Mapper({"s": ColumnSpec(type="bigint", source="@stream")})
-    for round_ in range(3):
+    for _ in range(3):
         for p in range(10):
             assert mapper.map(rec({}, partition=p))[0] == (stream_id("orders", p),)
