@@ -98,6 +98,12 @@ def fast_path_hit_rate(stats: dict[str, Any]) -> float | None:
     return 1 - stats.get("fast_path_misses", 0) / mapped if mapped else None
 
 
+def typed_hit_rate(stats: dict[str, Any]) -> float | None:
+    """The share of mapped records the typed tier (msgspec, JSON) decoded itself, in ``--summary-json`` stats."""
+    mapped = stats.get("records_mapped") or 0
+    return 1 - stats.get("typed_misses", 0) / mapped if mapped else None
+
+
 def poison_count(n: int) -> int:
     """How many of the first ``n`` records of the poison stream are poison."""
     return n // POISON_EVERY

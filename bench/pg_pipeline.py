@@ -99,6 +99,7 @@ from common import (  # noqa: E402
     poison_event,
     produce,
     run_measured,
+    typed_hit_rate,
     wide_event,
 )
 
@@ -322,7 +323,7 @@ def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int 
               if p.get("summary") and p["summary"]["pipelines"]["bench"].get("busy_window_s", [None])[0] is not None]
     hit_rate = fast_path_hit_rate(stats)
     return {"rate": rate, "rss": data.get("peak_rss_bytes", 0), "rows": stats["rows_written"], "cpu_us": cpu_us,
-            "hit_rate": hit_rate, "dead_lettered": stats["dead_lettered"],
+            "hit_rate": hit_rate, "typed_hit_rate": typed_hit_rate(stats), "dead_lettered": stats["dead_lettered"],
             "process_cpu_s": process_cpu_s, "table": table,
             "consumed": stats["records_consumed"], "stagger_s": max(starts) - min(starts) if len(starts) > 1 else None}
 
@@ -350,9 +351,11 @@ def print_targets(e2e: dict[str, list[dict]], e_med: dict[str, float], configs: 
     if poison_runs:
         poison_med = statistics.median(r["rate"] for r in poison_runs)
         hits = min(r["hit_rate"] for r in poison_runs)
-        out.update(poison_rate=poison_med, poison_vs_clean=poison_med / e_med[one], poison_hit_rate=hits)
+        typed = min(r["typed_hit_rate"] or 0.0 for r in poison_runs)
+        out.update(poison_rate=poison_med, poison_vs_clean=poison_med / e_med[one], poison_hit_rate=hits,
+                   poison_typed_hit_rate=typed)
         print(f"  0.1 % poison stream, {one}: {poison_med:,.0f} records/s, poison / clean = "
-              f"{out['poison_vs_clean']:.2f}   (target >= 0.8); fast path {hits * 100:.2f} %, "
+              f"{out['poison_vs_clean']:.2f}   (target >= 0.8); fast path {hits * 100:.2f} % (typed {typed * 100:.2f} %), "
               f"{poison_runs[0]['dead_lettered']} dead letters = the poison records")
     return out
 
@@ -545,6 +548,8 @@ def main() -> None:
             hits = [r["hit_rate"] for r in runs if r.get("hit_rate") is not None]
             if hits:
                 extra += f", fast path {min(hits) * 100:.2f} %"
+                typed = [r["typed_hit_rate"] for r in runs if r.get("typed_hit_rate") is not None]
+                extra += f" (typed {min(typed) * 100:.2f} %)" if typed else ""
             cpus = [r["cpu_us"] for r in runs if r.get("cpu_us")]
             if cpus:
                 extra += f", machine CPU {statistics.median(cpus):.1f} us/record"

@@ -95,6 +95,12 @@ class ChangeMapper:
         """Row images the compiled fast paths declined (see :attr:`Mapper.fast_misses`)."""
         return self._upserts.fast_misses + self._deletes.fast_misses
 
+    #: change events are decoded whole by their envelope: no typed tier (see :attr:`Mapper.typed_misses`)
+    typed_misses = 0
+
+    def review_typed(self, offered: int) -> None:
+        """Nothing to review: no typed tier here (see :meth:`Mapper.review_typed`)."""
+
     @property
     def skips_tombstones(self) -> bool:
         """Every tombstone is a :class:`NoChange` here: the pipeline may count them done without mapping."""

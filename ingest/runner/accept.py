@@ -58,6 +58,7 @@ class Acceptor:
         self._rng = random.Random()
         self._sample_countdown = HOT_KEY_SAMPLE
         self._misses_before = mapper.fast_misses  # the mapper may have mapped before this run
+        self._typed_misses_before = mapper.typed_misses
 
     def accept(self, records: list[Record], now_ms: int) -> None:
         """Track, map and route one polled chunk. The hot path: keep it lean.
@@ -149,6 +150,8 @@ class Acceptor:
             tracker.done_many(skipped_tp, [offset for _, offset, _ in run_of], skipped_epoch)
         self._stats.skipped += len(skipped)
         self._stats.fast_path_misses = self._mapper.fast_misses - self._misses_before
+        self._mapper.review_typed(len(records))
+        self._stats.typed_misses = self._mapper.typed_misses - self._typed_misses_before
         for lane, items in enumerate(lane_items):
             if items:
                 self._stats.records_mapped += len(items)

@@ -26,6 +26,8 @@ class PipelineStats:
     #: generic loop instead, which alone decides poison): the fast path's hit rate
     records_mapped: int = 0
     fast_path_misses: int = 0
+    #: of those, the records the typed tier (msgspec, JSON) handed to the orjson tier (ingest.core.mapping.fastmap)
+    typed_misses: int = 0
     #: exactly-once: records re-read after a restart that the database already had
     already_written: int = 0
     batches: int = 0
@@ -91,6 +93,7 @@ class PipelineStats:
             "skipped": self.skipped,
             "records_mapped": self.records_mapped,
             "fast_path_misses": self.fast_path_misses,
+            "typed_misses": self.typed_misses,
             "already_written": self.already_written,
             "batches": self.batches,
             "flushes": dict(self.flushes),

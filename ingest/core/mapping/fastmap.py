@@ -20,6 +20,14 @@ the caller runs the generic loop, which then returns the result or raises the
 precise :class:`~ingest.errors.InvalidRecord`. Poison records therefore cost two
 attempts; good records cost one cheap one. Property tests check the equivalence.
 
+The typed tier (:func:`compile_typed_map`): for a JSON pipeline whose ``$`` sources are all
+one-key paths, the same generated code reads a msgspec ``Struct`` decoded in C
+(:func:`typed_document`) instead of orjson's dict -- no dict is built, no
+``doc.get`` is called. The typed decoder accepts only what orjson decodes to the
+very same values (a JSON object of those keys, each a scalar); every other value
+goes to the orjson tier, then to the generic loop, so neither the rows nor the
+poison decisions change (``tests/unit/test_fastmap_typed.py`` holds it to that).
+
 Only constants of this module and the mapper's own callables reach the
 generated code (bound as globals of the generated function); column names and
 paths appear only as ``repr()`` string literals, never as code.
@@ -31,8 +39,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Annotated, Any, Union
 
+import msgspec
 import orjson
 
 from ingest.core.routing import stream_id
@@ -73,6 +82,8 @@ class FastColumn:
     required: bool
     inline: tuple[Any, ...] | None
     metadata: str | None = None
+    #: the getter reads the document (a ``$`` path); False for metadata and ``@key.$`` sources
+    reads_doc: bool = False
 
 
 #: Metadata sources whose read the generated code inlines: the expression (of ``record`` and ``o``,
@@ -85,6 +96,9 @@ INLINE_METADATA = {
     "@stream": "_stream(record.topic, record.partition) if o is None else _stream(o[0], o[1])",
     "@timestamp": "record.timestamp_ms",
 }
+
+#: ``stream_id`` is a signed 64-bit integer, never None: a column of at least that range takes it unchecked.
+STREAM_ID_MIN, STREAM_ID_MAX = -(2**63), 2**63 - 1
 
 #: At most this many (topic, partition) stream ids are memoised per mapper (then the memo starts over).
 STREAM_MEMO_SIZE = 65_536
@@ -117,11 +131,8 @@ def compile_fast_map(columns: Sequence[FastColumn], *, needs_json: bool, needs_o
     format has none, from ``decode(record)``. ``given_doc``: ``fast(record, doc)`` maps an
     already decoded document instead (a change event's row image, ``ingest.cdc``).
     """
-    env: dict[str, Any] = {"_loads": loads, "_decode": decode, "_Fallback": _Fallback, "_render_key": render_key,
-                           "_stream": _memoised_stream_id(stream_id),
-                           "_dict": dict, "_int": int, "_str": str, "_float": float,
-                           "_Decimal": Decimal, "_dumps": orjson.dumps, "_timedelta": timedelta,
-                           "_fromts": datetime.fromtimestamp}
+    env = _base_env(render_key)
+    env.update(_loads=loads, _decode=decode)
     if given_doc:
         lines = ["def fast(record, doc):"]
         if needs_object:
@@ -147,24 +158,44 @@ def compile_fast_map(columns: Sequence[FastColumn], *, needs_json: bool, needs_o
     else:
         env["key_getter"] = key_getter
         lines.append("    key = _render_key(key_getter(record, doc))")
+    return _define(lines, names, env, "<ingest.fastmap>")
+
+
+def _base_env(render_key: Callable[[Any], bytes | None]) -> dict[str, Any]:
+    """The globals every generated function starts from (its own callables are added to them)."""
+    return {"_Fallback": _Fallback, "_render_key": render_key, "_stream": _memoised_stream_id(stream_id),
+            "_dict": dict, "_int": int, "_str": str, "_float": float, "_Decimal": Decimal, "_dumps": orjson.dumps,
+            "_timedelta": timedelta, "_fromts": datetime.fromtimestamp}
+
+
+def _define(lines: list[str], names: list[str], env: dict[str, Any], filename: str) -> FastMap:
+    """Finish a generated ``fast`` (return the row of ``names`` and ``key``), compile it in ``env``, return it."""
     row = "(" + ", ".join(names) + ("," if len(names) == 1 else "") + ")"
     lines.append(f"    return {row}, key")
-    code = compile("\n".join(lines) + "\n", "<ingest.fastmap>", "exec")
-    exec(code, env)  # noqa: S102 - generated from the fixed template above; config values are repr() literals
+    code = compile("\n".join(lines) + "\n", filename, "exec")
+    exec(code, env)  # noqa: S102 - generated from fixed templates; config values are repr() literals
     return env["fast"]  # type: ignore[no-any-return]
 
 
-def _column_lines(i: int, col: FastColumn, env: dict[str, Any], needs_object: bool) -> list[str]:
+def _column_lines(i: int, col: FastColumn, env: dict[str, Any], needs_object: bool,
+                  fields: dict[str, str] | None = None) -> list[str]:
     """The generated lines that set ``c<i>`` from the document; names they use are added to ``env``.
 
-    Read ``v<i>`` (a plain ``doc.get`` for a top-level key, else the getter);
+    Read ``v<i>`` (a plain ``doc.get`` for a top-level key -- with ``fields``, the typed
+    document's attribute for that key -- else the getter);
     missing: the default or ``_Fallback`` when required; the column's inline
     fast check when it has one; otherwise its coercer.
     """
     v, c = f"v{i}", f"c{i}"
+    kind = col.inline[0] if col.inline else None
+    if (col.metadata == "@stream" and kind == "int"
+            and col.inline[1] <= STREAM_ID_MIN and col.inline[2] >= STREAM_ID_MAX):  # type: ignore[index]
+        return [f"    {c} = {INLINE_METADATA[col.metadata]}"]  # a signed 64-bit id by construction: no check
     env[f"coerce{i}"] = col.coerce
     lines = []
-    if col.doc_key is not None and needs_object:
+    if col.doc_key is not None and fields is not None:
+        lines.append(f"    {v} = doc.{fields[col.doc_key]}")
+    elif col.doc_key is not None and needs_object:
         lines.append(f"    {v} = doc.get({col.doc_key!r})")
     elif col.metadata is not None:
         lines.append(f"    {v} = {INLINE_METADATA[col.metadata]}")
@@ -177,7 +208,6 @@ def _column_lines(i: int, col: FastColumn, env: dict[str, Any], needs_object: bo
     else:
         env[f"default{i}"] = col.default
         lines.append(f"        {c} = default{i}")
-    kind = col.inline[0] if col.inline else None
     if kind == "int":
         _, lo, hi = col.inline  # type: ignore[misc]
         lines.append(f"    elif type({v}) is _int and {lo!r} <= {v} <= {hi!r}:")
@@ -203,3 +233,76 @@ def _column_lines(i: int, col: FastColumn, env: dict[str, Any], needs_object: bo
     lines.append("    else:")
     lines.append(f"        {c} = coerce{i}({v})")
     return lines
+
+
+#: What a typed document's field may hold: a JSON scalar exactly as orjson decodes it (integers only
+#: within the signed 64-bit range, where orjson's are exact ints too), or None (missing or null).
+_SCALAR = Union[str, bool, Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)], float, None]  # noqa: UP007
+
+
+def typed_document(keys: Sequence[str]) -> Callable[[bytes], Any]:
+    """A C decoder of a JSON object holding at most ``keys`` (each a scalar) into a Struct.
+
+    The Struct's field ``f<j>`` holds ``keys[j]``'s value (None when missing or null). Contract:
+    when ``decode(b)`` returns, ``orjson.loads(b)`` returns a dict with no key outside ``keys``
+    whose ``.get(keys[j])`` equals ``f<j>`` in value and type (floats bit for bit). Anything else
+    raises: another key (msgspec skips unknown fields without checking what orjson checks: UTF-8,
+    numbers beyond a double's range), a nested value, an integer beyond 64 bits, a malformed document.
+    """
+    names = [f"f{j}" for j in range(len(keys))]
+    struct = msgspec.defstruct("TypedDocument", [(name, _SCALAR, None) for name in names],
+                               rename=dict(zip(names, keys, strict=True)), forbid_unknown_fields=True, gc=False)
+    return msgspec.json.Decoder(struct).decode
+
+
+def typed_keys(columns: Sequence[FastColumn], key_doc_key: str | None) -> list[str] | None:
+    """The document keys a typed tier reads (columns first, then the ordering key's), or None when
+    some source reads the document other than by one key (a longer path, ``$`` itself) or a key is
+    one msgspec cannot name (:func:`_unnameable`)."""
+    keys: list[str] = []
+    for col in columns:
+        if col.doc_key is not None:
+            keys.append(col.doc_key)
+        elif col.reads_doc:
+            return None
+    if key_doc_key is not None:
+        keys.append(key_doc_key)
+    if any(_unnameable(key) for key in keys):
+        return None
+    return list(dict.fromkeys(keys)) or None
+
+
+def _unnameable(key: str) -> bool:
+    """msgspec cannot name a field so (a backslash, a double quote or a control character)."""
+    return '"' in key or "\\" in key or any(ord(ch) < 0x20 for ch in key)
+
+
+def compile_typed_map(columns: Sequence[FastColumn], keys: Sequence[str], *, untyped: FastMap,
+                      key_doc_key: str | None, key_getter: Callable[[Any, Any], Any] | None,
+                      render_key: Callable[[Any], bytes | None], misses: list[int]) -> FastMap:
+    """The typed tier: ``fast(record)`` like :func:`compile_fast_map`'s, reading :func:`typed_document`.
+
+    ``keys``: from :func:`typed_keys`. A value the typed decoder refuses goes to ``untyped`` (the
+    orjson tier; whatever that raises, the caller's generic loop decides) and adds one to ``misses[0]``.
+    ``key_getter`` (when ``key_doc_key`` is None) must not read the document.
+    """
+    fields = {key: f"f{j}" for j, key in enumerate(keys)}
+    env = _base_env(render_key)
+    env.update(_typed=typed_document(keys), _untyped=untyped, _misses=misses)
+    lines = ["def fast(record):", "    value = record.value", "    if value is None:", "        raise _Fallback",
+             "    try:", "        doc = _typed(value)", "    except Exception:",
+             "        _misses[0] += 1", "        return _untyped(record)"]
+    if any(col.metadata is not None for col in columns):
+        lines.append("    o = record.origin")
+    names = []
+    for i, col in enumerate(columns):
+        names.append(f"c{i}")
+        lines += _column_lines(i, col, env, True, fields)
+    if key_doc_key is not None:
+        lines.append(f"    key = _render_key(doc.{fields[key_doc_key]})")
+    elif key_getter is None:
+        lines.append("    key = record.key")
+    else:
+        env["key_getter"] = key_getter
+        lines.append("    key = _render_key(key_getter(record, None))")
+    return _define(lines, names, env, "<ingest.fastmap.typed>")

@@ -49,8 +49,11 @@ parsed exactly.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
+
+import orjson
 
 from ingest.config.base import ColumnSpec
 from ingest.core.dialects import ch_type, pg_base_type
@@ -61,7 +64,14 @@ from ingest.core.mapping.common import (
     Getter,
     _Bad,
 )
-from ingest.core.mapping.fastmap import INLINE_METADATA, FastColumn, compile_fast_map
+from ingest.core.mapping.fastmap import (
+    INLINE_METADATA,
+    FastColumn,
+    FastMap,
+    compile_fast_map,
+    compile_typed_map,
+    typed_keys,
+)
 from ingest.core.mapping.getters import (
     _metadata_getter,
     _parse_path,
@@ -74,6 +84,15 @@ from ingest.formats.json import JsonDecoder
 from ingest.types import Record
 
 __all__ = ["Mapper"]
+
+log = logging.getLogger(__name__)
+
+#: The typed tier is reviewed once this many records have been offered to it since the last review ...
+TYPED_REVIEW_RECORDS = 4096
+#: ... and turned off for good when more than this share of them fell back to the orjson tier (a
+#: stream whose records carry fields no column reads, or nested values: each miss costs a failed
+#: typed decode on top of the orjson one).
+TYPED_MAX_MISS_SHARE = 0.25
 
 
 def _column_type(spec: ColumnSpec, dialect: str | None) -> tuple[str, str, Coercer, Any, bool, Any]:
@@ -112,7 +131,8 @@ def _compile_column(name: str, spec: ColumnSpec, dialect: str | None, source: st
             raise ValueError(f"default is not a valid {full}: {exc.detail}") from None
     entry = (name, source, getter, coerce, default, required)
     metadata = source if source in INLINE_METADATA else None
-    return entry, FastColumn(getter, doc_key, coerce, default, required, inline, metadata), full
+    fast = FastColumn(getter, doc_key, coerce, default, required, inline, metadata, reads_doc=source.startswith("$"))
+    return entry, fast, full
 
 def _key_path_getter(source: str, key_decoder: Decoder | None) -> Getter:
     """``@key.$.PATH``: the value at PATH in the record's key, decoded by the key format (a key that
@@ -155,7 +175,8 @@ class Mapper:
     """
 
     __slots__ = ("column_names", "column_types", "_plan", "_needs_json", "_needs_object", "_key_getter", "_fast",
-                 "_fast_doc", "_decoder", "_describe", "fast_misses")
+                 "_fast_doc", "_untyped", "_decoder", "_describe", "fast_misses", "_typed_misses", "_typed_offered",
+                 "_typed_reviewed_misses")
 
     def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None, *,
                  dialect: str | None = None, decoder: Decoder | None = None,
@@ -208,11 +229,54 @@ class Mapper:
             self._key_getter = _path_getter(parsed[key_path], self._needs_object)
         else:
             self._key_getter = _metadata_getter(key_path, as_text=False)
-        self._fast = compile_fast_map(fast_columns, needs_json=self._needs_json, needs_object=self._needs_object,
-                                      key_getter=self._key_getter, render_key=_render_key,
-                                      loads=self._decoder.value_loader(), decode=self._decoder.decode)
+        loads = self._decoder.value_loader()
+        #: the orjson tier (or the format's own loader / decode)
+        self._untyped: FastMap = compile_fast_map(
+            fast_columns, needs_json=self._needs_json, needs_object=self._needs_object, key_getter=self._key_getter,
+            render_key=_render_key, loads=loads, decode=self._decoder.decode)
+        #: records the typed tier handed to the orjson tier (a list: the generated code adds to its item)
+        self._typed_misses = [0]
+        self._typed_offered = self._typed_reviewed_misses = 0
+        self._fast: FastMap = self._untyped
+        key_doc_key: str | None = None
+        key_typed = key_path is None or not key_path.startswith("$")
+        if key_path is not None and key_path.startswith("$"):
+            steps = parsed[key_path]
+            if len(steps) == 1 and steps[0][0]:
+                key_doc_key, key_typed = str(steps[0][1]), True
+        keys = typed_keys(fast_columns, key_doc_key) if key_typed and self._needs_object else None
+        if keys is not None and loads is orjson.loads:  # JSON values, every $ source one key: the typed tier
+            self._fast = compile_typed_map(fast_columns, keys, untyped=self._untyped, key_doc_key=key_doc_key,
+                                           key_getter=self._key_getter, render_key=_render_key,
+                                           misses=self._typed_misses)
         self._fast_doc = compile_fast_map(fast_columns, needs_json=True, needs_object=self._needs_object,
                                           key_getter=self._key_getter, render_key=_render_key, given_doc=True)
+
+    @property
+    def typed(self) -> bool:
+        """Whether records go through the typed tier first (see :mod:`ingest.core.mapping.fastmap`)."""
+        return self._fast is not self._untyped
+
+    @property
+    def typed_misses(self) -> int:
+        """Records the typed tier handed to the orjson tier (fields no column reads, nested values...);
+        its hit rate is ``1 - typed_misses / records mapped`` while :attr:`typed` holds."""
+        return self._typed_misses[0]
+
+    def review_typed(self, offered: int) -> None:
+        """Count ``offered`` records mapped since the last call (once per polled chunk, by the caller that
+        maps them); turn the typed tier off for good when it misses too often (``TYPED_MAX_MISS_SHARE``)."""
+        if self._fast is self._untyped:
+            return
+        self._typed_offered += offered
+        if self._typed_offered < TYPED_REVIEW_RECORDS:
+            return
+        misses = self._typed_misses[0] - self._typed_reviewed_misses
+        if misses > TYPED_MAX_MISS_SHARE * self._typed_offered:
+            self._fast = self._untyped
+            log.info("typed JSON decoding off: %d of %d records fell back to orjson (fields no column reads, "
+                     "nested values or integers beyond 64 bits)", misses, self._typed_offered)
+        self._typed_offered, self._typed_reviewed_misses = 0, self._typed_misses[0]
 
     def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
         """Return ``(row, ordering_key)`` for ``record`` (same contract as :meth:`map_generic`).
