@@ -15,6 +15,12 @@ For a batch of :class:`~ingest.types.Item`:
 
 If retries run out (or the pipeline is aborting) the completion carries the
 error and no offsets: nothing of that batch will be committed.
+
+Steps 1-2 and the batch's bookkeeping (its size, its oldest timestamp, the
+offsets it covers) need no database: :meth:`BatchWriter.prepare` does them, on
+whichever thread calls it. The lane pool calls it on the pipeline thread when it
+hands a batch over, so a lane spends its time on the database and the pipeline
+thread plans the next batch while the lane waits for the server.
 """
 
 from __future__ import annotations
@@ -78,6 +84,22 @@ class Completion:
     error: BaseException | None = None
 
 
+@dataclass(slots=True)
+class PreparedBatch:
+    """A batch planned ahead of its write (:meth:`BatchWriter.prepare`); read-only once made."""
+
+    items: Sequence[Item]
+    size_bytes: int
+    #: oldest record timestamp (ms) in the batch, for end-to-end latency
+    min_timestamp_ms: int | None
+    #: every item's offset by (partition, epoch): what the batch settles once written or dead-lettered
+    done: dict[tuple[Partition, int], list[int]]
+    #: at-least-once: the pre-failed items' DLQ entries and the groups to write (:meth:`BatchWriter.plan`);
+    #: None with exactly-once, which plans inside its transaction
+    failures: list[DlqEntry] | None
+    groups: list[list[Item]] | None
+
+
 class BatchWriter:
     """Writes batches for one pipeline. Thread-safe: lanes share it, each call is independent."""
 
@@ -122,18 +144,31 @@ class BatchWriter:
         pipeline = self._pipeline
         return [DlqEntry(pipeline, item.record, item.failure) for item in failed], groups  # type: ignore[arg-type]
 
-    def handle(self, lane: int, items: Sequence[Item], reason: str,
+    def prepare(self, items: Sequence[Item]) -> PreparedBatch:
+        """Plan a batch without touching a database (pure; any thread): its bookkeeping and, at least
+        once, its DLQ entries and groups. :meth:`handle` takes the result (or plans there itself)."""
+        done: dict[tuple[Partition, int], list[int]] = {}
+        _collect_done(items, done)
+        failures, groups = self.plan(items) if self._exactly_once is None else (None, None)
+        return PreparedBatch(items, sum(map(_size_of, items)),
+                             min([t for t in map(_timestamp_of, items) if t is not None], default=None),
+                             done, failures, groups)
+
+    def handle(self, lane: int, batch: Sequence[Item] | PreparedBatch, reason: str,
                slot: Callable[[], ContextManager[float]] | None = None) -> Completion:
-        """Write one batch; never raises (errors are returned in the completion).
+        """Write one batch (its items, or what :meth:`prepare` made of them); never raises (errors are
+        returned in the completion).
 
         ``slot``: the write scheduler's grant for this lane (a context manager
         yielding the seconds waited). Only the database part runs inside it;
         planning (dedupe) happens before, so a slot is held for writing only.
         """
         started = time.perf_counter()
+        prepared = batch if isinstance(batch, PreparedBatch) else self.prepare(batch)
+        items = prepared.items
         result = Completion(lane=lane, reason=reason, records=len(items))
-        result.size_bytes = sum(map(_size_of, items))
-        result.min_timestamp_ms = min([t for t in map(_timestamp_of, items) if t is not None], default=None)
+        result.size_bytes = prepared.size_bytes
+        result.min_timestamp_ms = prepared.min_timestamp_ms
         retries = [0]
         try:
             grant = slot or _no_slot
@@ -142,10 +177,12 @@ class BatchWriter:
                     result.queue_wait_s = waited_s if slot else None
                     failures = self._handle_exactly_once(lane, items, result, retries)
             else:
-                failures = self._handle_at_least_once(items, result, retries, grant, slot is not None)
+                assert prepared.failures is not None and prepared.groups is not None
+                failures = self._handle_at_least_once(prepared.failures, prepared.groups, result, retries, grant,
+                                                      slot is not None)
             for entry in failures:
                 result.dead_lettered[(entry.failure.stage, entry.failure.error_class)] += 1
-            _collect_done(items, result.done)
+            result.done = prepared.done
         except (TransientError, PermanentError) as exc:
             result.done.clear()
             result.error = FatalPipelineError(
@@ -164,9 +201,10 @@ class BatchWriter:
         result.duration_s = time.perf_counter() - started
         return result
 
-    def _handle_at_least_once(self, items: Sequence[Item], result: Completion, retries: list[int],
-                              grant: Callable[[], ContextManager[float]], scheduled: bool) -> list[DlqEntry]:
-        failures, groups = self.plan(items)
+    def _handle_at_least_once(self, failures: list[DlqEntry], groups: list[list[Item]], result: Completion,
+                              retries: list[int], grant: Callable[[], ContextManager[float]],
+                              scheduled: bool) -> list[DlqEntry]:
+        failures = list(failures)  # the prepared batch stays as it was made
         with grant() as waited_s:
             result.queue_wait_s = waited_s if scheduled else None
             if self._abort.is_set():

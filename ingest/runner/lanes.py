@@ -22,7 +22,7 @@ from typing import Protocol
 from ingest.errors import TransientError
 from ingest.scheduler import WriteScheduler
 from ingest.types import Item
-from ingest.writer import BatchWriter, Completion
+from ingest.writer import BatchWriter, Completion, PreparedBatch
 
 
 class LanePool(Protocol):
@@ -68,18 +68,18 @@ class Lane(threading.Thread):
         self._scheduler = scheduler
         self._priority = priority
         self._halt = halt
-        self.inbox: queue.SimpleQueue[tuple[list[Item], str] | None] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[tuple[PreparedBatch, str] | None] = queue.SimpleQueue()
 
     def run(self) -> None:
         while True:
             job = self.inbox.get()
             if job is None:
                 return
-            items, reason = job
+            batch, reason = job
             if self._halt.is_set():
                 continue
             slot = self._slot if self._scheduler is not None else None
-            completion = self._writer.handle(self.index, items, reason, slot)
+            completion = self._writer.handle(self.index, batch, reason, slot)
             if completion.error is not None:
                 # Stop this lane (and its siblings) before the next queued batch: writing later
                 # batches past a failed one would, with exactly-once, move the lane offset past it.
@@ -103,6 +103,7 @@ class ThreadedLanes:
                  scheduler: WriteScheduler | None = None, priority: int = 0) -> None:
         self._completions: queue.SimpleQueue[Completion] = queue.SimpleQueue()
         self._halt = threading.Event()
+        self._writer = writer
         self._lanes = [Lane(i, pipeline, writer, self._completions, self._halt, scheduler, priority)
                        for i in range(lanes)]
 
@@ -111,7 +112,8 @@ class ThreadedLanes:
             lane.start()
 
     def submit(self, lane: int, items: list[Item], reason: str) -> None:
-        self._lanes[lane].inbox.put((items, reason))
+        """Queue a batch for ``lane``, planned here (the caller's thread) while the lane writes."""
+        self._lanes[lane].inbox.put((self._writer.prepare(items), reason))
 
     def completed(self, timeout_s: float | None = None) -> list[Completion]:
         out: list[Completion] = []
