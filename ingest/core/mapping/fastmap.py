@@ -147,18 +147,27 @@ def compile_fast_map(columns: Sequence[FastColumn], *, needs_json: bool, needs_o
             lines += ["    if type(doc) is not _dict:", "        raise _Fallback"]
     else:
         lines.append("    doc = None")
+    names = _row_lines(lines, columns, env, needs_object)
+    lines.append(_key_line(key_getter, env, "doc"))
+    return _define(lines, names, env, "<ingest.fastmap>")
+
+
+def _row_lines(lines: list[str], columns: Sequence[FastColumn], env: dict[str, Any], needs_object: bool,
+               fields: dict[str, str] | None = None) -> list[str]:
+    """Append the lines that set every column's ``c<i>`` to ``lines``; return the names ``c0 ...``."""
     if any(col.metadata is not None for col in columns):
         lines.append("    o = record.origin")
-    names = []
     for i, col in enumerate(columns):
-        names.append(f"c{i}")
-        lines += _column_lines(i, col, env, needs_object)
+        lines += _column_lines(i, col, env, needs_object, fields)
+    return [f"c{i}" for i in range(len(columns))]
+
+
+def _key_line(key_getter: Callable[[Any, Any], Any] | None, env: dict[str, Any], doc: str) -> str:
+    """The line that sets ``key``: the record's key, or ``key_getter(record, <doc>)`` rendered."""
     if key_getter is None:
-        lines.append("    key = record.key")
-    else:
-        env["key_getter"] = key_getter
-        lines.append("    key = _render_key(key_getter(record, doc))")
-    return _define(lines, names, env, "<ingest.fastmap>")
+        return "    key = record.key"
+    env["key_getter"] = key_getter
+    return f"    key = _render_key(key_getter(record, {doc}))"
 
 
 def _base_env(render_key: Callable[[Any], bytes | None]) -> dict[str, Any]:
@@ -292,17 +301,7 @@ def compile_typed_map(columns: Sequence[FastColumn], keys: Sequence[str], *, unt
     lines = ["def fast(record):", "    value = record.value", "    if value is None:", "        raise _Fallback",
              "    try:", "        doc = _typed(value)", "    except Exception:",
              "        _misses[0] += 1", "        return _untyped(record)"]
-    if any(col.metadata is not None for col in columns):
-        lines.append("    o = record.origin")
-    names = []
-    for i, col in enumerate(columns):
-        names.append(f"c{i}")
-        lines += _column_lines(i, col, env, True, fields)
-    if key_doc_key is not None:
-        lines.append(f"    key = _render_key(doc.{fields[key_doc_key]})")
-    elif key_getter is None:
-        lines.append("    key = record.key")
-    else:
-        env["key_getter"] = key_getter
-        lines.append("    key = _render_key(key_getter(record, None))")
+    names = _row_lines(lines, columns, env, True, fields)
+    lines.append(f"    key = _render_key(doc.{fields[key_doc_key]})" if key_doc_key is not None
+                 else _key_line(key_getter, env, "None"))
     return _define(lines, names, env, "<ingest.fastmap.typed>")

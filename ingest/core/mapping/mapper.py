@@ -18,7 +18,12 @@ pipeline's column specs):
 * The value is decoded with :func:`orjson.loads` only if some column or the
   ordering key reads a ``$`` path, and the "top level must be an object" check
   runs once per record, not once per column.
-* :meth:`Mapper.map` is then a tight loop: one ``loads``, one getter and at
+* :meth:`Mapper.map` runs a function generated from the plan (:mod:`.fastmap`): for
+  JSON whose ``$`` sources are one-key paths, its *typed tier* first (msgspec into a
+  Struct of those keys), then its orjson tier, and a record either declines goes
+  through :meth:`Mapper.map_generic`, which alone decides errors. The typed tier
+  switches itself off (:meth:`Mapper.review_typed`) on streams it mostly misses.
+* :meth:`Mapper.map_generic` is a tight loop: one ``loads``, one getter and at
   most one coercer call per column. Coercers raise a private lightweight
   exception carrying an error class; ``map`` adds the column name and source and
   re-raises it as :class:`~ingest.errors.InvalidRecord`. A final catch-all turns
