@@ -292,6 +292,29 @@ def test_writer_isolates_and_dead_letters_write_failures_with_provenance() -> No
     assert sorted(c.done[(TP, 1)]) == list(range(1024))  # every offset handled
 
 
+def test_a_prepared_batch_is_written_like_its_items_and_stays_as_it_was_made() -> None:
+    """What the lane pool hands a lane (BatchWriter.prepare, on the pipeline thread) writes, dead-letters
+    and settles exactly what the items themselves do; the prepared batch is not changed by its write."""
+    items = [item(o, o % 300, bad=o in (890, 899)) for o in range(900)]  # the latest of their keys: written
+    items[3] = item(3, 3, failure=Failure("decode", "invalid_json", "not json"))
+    outcomes = []
+    for prepare in (False, True):
+        sink, dlq = RowSink(), FakeDlq()
+        writer = make_writer(sink, dlq)
+        batch = writer.prepare(items) if prepare else items
+        failures_before = list(batch.failures) if prepare else None
+        c = writer.handle(0, batch, "size")
+        assert c.error is None
+        if prepare:
+            assert batch.failures == failures_before and len(batch.failures) == 1  # poison found by the write not added
+            assert c.done is batch.done and c.size_bytes == batch.size_bytes
+        outcomes.append((sorted(sink.written), sorted((e.record.offset, e.failure) for e in dlq.entries),
+                         c.rows_written, c.dead_lettered, {k: sorted(v) for k, v in c.done.items()},
+                         c.size_bytes, c.min_timestamp_ms, c.records))
+    assert outcomes[0] == outcomes[1]
+    assert [offset for offset, _ in outcomes[0][1]] == [3, 890, 899] and outcomes[0][4] == {(TP, 1): list(range(900))}
+
+
 def test_writer_retries_transient_errors_during_isolation_and_dead_letters_only_poison() -> None:
     items = [item(o, o, bad=o == 33) for o in range(256)]
     sink, dlq = RowSink(transient_every=3), FakeDlq()
