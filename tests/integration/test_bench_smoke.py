@@ -24,10 +24,10 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 @pytest.mark.parametrize(("script", "args", "expect"), [
     ("pg_pipeline.py", ["--records", "3000", "--naive-records", "100", "--rounds", "1", "--processes", "0",
                         "--lanes", "1"],
-     ("(e) ingest run, lanes=1", "fast path 100.00 %",
+     ("(e) ingest run, lanes=1", "fast path 100.00 % (typed 100.00 %)",
       # the poison stream beside the clean one: its dead letters are exactly its poison records
-      re.compile(r"0\.1 % poison stream, lanes=1: [\d,]+ records/s, poison / clean = [\d.]+ .*fast path 99\.90 %, "
-                 r"3 dead letters = the poison records"),
+      re.compile(r"0\.1 % poison stream, lanes=1: [\d,]+ records/s, poison / clean = [\d.]+ .*fast path 99\.90 % "
+                 r"\(typed [\d.]+ %\), 3 dead letters = the poison records"),
       re.compile(r"1 process \(lanes=1\): e / min\(a,b\) = [\d.]+ +\(target >= 0\.9\)"),
       re.compile(r"wide stream \(16 columns, \d+ B, nested\), lanes=1: [\d,]+ records/s = [\d.]+ MB/s"))),
     ("pg_pipeline.py", ["--records", "3000", "--naive-records", "100", "--rounds", "1", "--processes", "0",
