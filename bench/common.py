@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import json
+import math
 import os
 import resource
 import subprocess
@@ -296,10 +297,16 @@ class BusySampler:
 
 def cpu_cap(n: int, *windows: Window) -> tuple[list[float], int, float]:
     """Machine CPU µs per record of each window, the core count, and the records/s cap of doing all of them
-    on these cores: ``cores / sum(cpu per record)``."""
+    on these cores: ``cores / sum(cpu per record)`` (infinite when the windows were too short for
+    /proc/stat's 10 ms ticks to see any CPU, as in a smoke run of a few thousand records)."""
     per_record = [w.cpu_us_per_record(n) for w in windows]
     cores = os.cpu_count() or 1
-    return per_record, cores, cores * 1e6 / sum(per_record)
+    return per_record, cores, records_cap(cores, sum(per_record))
+
+
+def records_cap(cores: int, cpu_us_per_record: float) -> float:
+    """Records/s that ``cores`` can do at ``cpu_us_per_record`` (infinite when nothing was measured)."""
+    return cores * 1e6 / cpu_us_per_record if cpu_us_per_record > 0 else math.inf
 
 
 def consume_all(bootstrap: str, topic: str, n: int) -> tuple[list[Record], Window]:

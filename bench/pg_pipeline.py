@@ -98,6 +98,7 @@ from common import (  # noqa: E402
     poison_count,
     poison_event,
     produce,
+    records_cap,
     run_measured,
     typed_hit_rate,
     wide_event,
@@ -338,7 +339,7 @@ def print_targets(e2e: dict[str, list[dict]], e_med: dict[str, float], configs: 
     own_us = statistics.median((r["process_cpu_s"] - idle[one]) / n * 1e6 for r in e2e[one])
     out: dict = {"one_process": one, "one_process_vs_min_ab": e_med[one] / min(a_med, b_med),
                  "own_cpu_us_per_record": own_us}
-    cap = cores * 1e6 / (cpu_a + cpu_b)
+    cap = records_cap(cores, cpu_a + cpu_b)
     print(f"\ntargets (medians of {rounds} rounds; a, b and the cap measured in this run):")
     print(f"  1 process ({one}): e / min(a,b) = {out['one_process_vs_min_ab']:.2f}   (target >= 0.9)")
     multi = [label for label, _, processes in configs if processes > 1]
