@@ -88,7 +88,7 @@ from common import (  # noqa: E402
     consume_all,
     cpu_cap,
     create_topic,
-    fast_path_hit_rate,
+    hit_rate,
     poison_count,
     poison_event,
     produce,
@@ -238,10 +238,9 @@ def end_to_end(bootstrap: str, topic: str, workdir: Path, lanes: int, dlq_dsn: s
     finally:
         client.close()
     mapped = stats["records_mapped"]
-    hit_rate = fast_path_hit_rate(stats)
     return {"rate": stats["rate_per_s"], "rss": data["peak_rss_bytes"], "consumed": stats["records_consumed"],
             "written": stats["rows_written"], "final": final, "process_cpu_s": process_cpu_s,
-            "hit_rate": hit_rate, "mapped": mapped, "fast_path_misses": stats["fast_path_misses"],
+            "hit_rate": hit_rate(stats), "mapped": mapped, "fast_path_misses": stats["fast_path_misses"],
             "dead_lettered": stats["dead_lettered"]}
 
 

@@ -93,16 +93,12 @@ def poison_event(i: int, key: int) -> bytes:
     return orjson.dumps({"id": f"id-{key}", "user": i % 997, "kind": "click", "amount": 1.5, "ts": 1764460800000 + i})
 
 
-def fast_path_hit_rate(stats: dict[str, Any]) -> float | None:
-    """The mapper's fast-path hit rate in a pipeline's ``--summary-json`` stats (None: nothing mapped)."""
+def hit_rate(stats: dict[str, Any], misses: str = "fast_path_misses") -> float | None:
+    """The share of mapped records a tier of the mapper took, in a pipeline's ``--summary-json`` stats:
+    ``misses`` names the tier's counter (``fast_path_misses``: the compiled fast path;
+    ``typed_misses``: its typed tier, msgspec on JSON). None: nothing mapped."""
     mapped = stats.get("records_mapped") or 0
-    return 1 - stats.get("fast_path_misses", 0) / mapped if mapped else None
-
-
-def typed_hit_rate(stats: dict[str, Any]) -> float | None:
-    """The share of mapped records the typed tier (msgspec, JSON) decoded itself, in ``--summary-json`` stats."""
-    mapped = stats.get("records_mapped") or 0
-    return 1 - stats.get("typed_misses", 0) / mapped if mapped else None
+    return 1 - stats.get(misses, 0) / mapped if mapped else None
 
 
 def poison_count(n: int) -> int:

@@ -94,13 +94,12 @@ from common import (  # noqa: E402
     event_avro_doc,
     event_message,
     event_message_class,
-    fast_path_hit_rate,
+    hit_rate,
     poison_count,
     poison_event,
     produce,
     records_cap,
     run_measured,
-    typed_hit_rate,
     wide_event,
 )
 
@@ -322,9 +321,8 @@ def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int 
     # With --processes, busy_s spans all children; how far apart they started (group join) is part of it.
     starts = [p["summary"]["pipelines"]["bench"]["busy_window_s"][0] for p in data.get("processes", [])
               if p.get("summary") and p["summary"]["pipelines"]["bench"].get("busy_window_s", [None])[0] is not None]
-    hit_rate = fast_path_hit_rate(stats)
     return {"rate": rate, "rss": data.get("peak_rss_bytes", 0), "rows": stats["rows_written"], "cpu_us": cpu_us,
-            "hit_rate": hit_rate, "typed_hit_rate": typed_hit_rate(stats), "dead_lettered": stats["dead_lettered"],
+            "hit_rate": hit_rate(stats), "typed_hit_rate": hit_rate(stats, "typed_misses"), "dead_lettered": stats["dead_lettered"],
             "process_cpu_s": process_cpu_s, "table": table,
             "consumed": stats["records_consumed"], "stagger_s": max(starts) - min(starts) if len(starts) > 1 else None}
 

@@ -23,7 +23,7 @@ import signal
 import subprocess
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -51,6 +51,7 @@ from harness.kafka import (
     unique_name,
 )
 from harness.services import temp_database
+from pipeline_helpers import wait_until
 from psycopg import conninfo, sql
 
 pytestmark = pytest.mark.timeout(240)
@@ -360,21 +361,6 @@ def log_events(text: str) -> list[dict[str, Any]]:
             with contextlib.suppress(ValueError):
                 out.append(json.loads(line))
     return out
-
-
-def wait_until(pred: Callable[[], Any], timeout_s: float, *, what: str, proc: IngestProcess | None = None,
-               interval_s: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = pred()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"ingest exited ({proc.returncode}) while waiting for {what}\n{proc.describe()}")
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}"
-                                 + (f"\n{proc.describe()}" if proc is not None else ""))
-        time.sleep(interval_s)
 
 
 def wait_assigned(proc: IngestProcess, timeout_s: float = 60) -> None:
