@@ -27,6 +27,7 @@ import psutil
 HERE = Path(__file__).resolve().parent
 BENCHES: list[tuple[str, list[str]]] = [
     ("Kafka → PostgreSQL: end to end vs its bounds", ["pg_pipeline.py", "--records", "200000"]),
+    ("Per-record CPU of the hot path, stage by stage", ["components.py"]),
     ("Kafka → ClickHouse (chDB): end to end vs raw client.insert", ["clickhouse_pipeline.py"]),
     ("Lanes scaling with a sink that waits per batch", ["lanes.py"]),
     ("Peak RSS under a large backlog with a crawling sink", ["memory.py"]),

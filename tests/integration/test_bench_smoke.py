@@ -46,6 +46,9 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
       "ingest's own CPU per record (lanes=1)")),
     ("sink_cpu.py", ["--rows", "300", "--batches", "2", "--rounds", "1"],
      (re.compile(r"PostgresSink\.write, 2 x 300 rows, median of 1: client CPU [\d.]+ us/row"),)),
+    # each stage of the hot path alone; it checks the table its writes filled
+    ("components.py", ["--records", "3000", "--rounds", "1"],
+     (re.compile(r"^write +-?[\d.]+ +-?[\d.]+$", re.MULTILINE), re.compile(r"^sum +-?[\d.]+ +-?[\d.]+ ", re.MULTILINE))),
     # the CDC streams beside the plain upserts; each final table checked against its source table
     ("cdc_pipeline.py", ["--records", "3000", "--rounds", "1"], "(end-to-end tables of the last round"),
 ])
