@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ContextManager
+from typing import TYPE_CHECKING, ContextManager
 
 from tenacity import Retrying
 
@@ -51,6 +51,9 @@ from ingest.errors import (
 from ingest.retry import retrying
 from ingest.sinks.base import ExactlyOnceFn, dedup_token
 from ingest.types import DeleteRow, Failure, Item, Partition
+
+if TYPE_CHECKING:
+    from ingest.runner.columnar import ColumnarTier
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,8 @@ class Completion:
     skipped: int = 0
     #: seconds the batch waited for a write slot (None without a scheduler)
     queue_wait_s: float | None = None
+    #: records of the batch written by the columnar tier (ingest.runner.columnar): all or none
+    columnar_records: int = 0
     error: BaseException | None = None
 
 
@@ -98,6 +103,8 @@ class PreparedBatch:
     #: None with exactly-once, which plans inside its transaction
     failures: list[DlqEntry] | None
     groups: list[list[Item]] | None
+    #: the items are not mapped yet: the lane maps them (the columnar tier, or record by record)
+    deferred: bool = False
 
 
 class BatchWriter:
@@ -114,9 +121,12 @@ class BatchWriter:
         abort: threading.Event,
         exactly_once: ExactlyOnceFn | None = None,
         insert_tokens: bool = False,
+        columnar: ColumnarTier | None = None,
     ) -> None:
         """``insert_tokens``: the sink deduplicates inserts by token (its capabilities say so): pass
-        ``token=`` (:func:`~ingest.sinks.base.dedup_token` of the records behind the rows) to ``write``."""
+        ``token=`` (:func:`~ingest.sinks.base.dedup_token` of the records behind the rows) to ``write``.
+        ``columnar``: the pipeline's columnar tier; its batches arrive unmapped (:attr:`maps_in_lane`)."""
+        self._columnar = columnar
         self._pipeline = pipeline
         self._write = write
         self._pass_token = insert_tokens
@@ -125,6 +135,11 @@ class BatchWriter:
         self._rule = collapse_rule
         self._abort = abort
         self._exactly_once = exactly_once
+
+    @property
+    def maps_in_lane(self) -> bool:
+        """Items reach this writer unmapped (neither row nor failure): the lane maps them."""
+        return self._columnar is not None
 
     def _retrying(self, what: str, counter: list[int]) -> Retrying:
         def count() -> None:
@@ -149,10 +164,11 @@ class BatchWriter:
         once, its DLQ entries and groups. :meth:`handle` takes the result (or plans there itself)."""
         done: dict[tuple[Partition, int], list[int]] = {}
         _collect_done(items, done)
-        failures, groups = self.plan(items) if self._exactly_once is None else (None, None)
+        deferred = self._columnar is not None
+        failures, groups = self.plan(items) if self._exactly_once is None and not deferred else (None, None)
         return PreparedBatch(items, sum(map(_size_of, items)),
                              min([t for t in map(_timestamp_of, items) if t is not None], default=None),
-                             done, failures, groups)
+                             done, failures, groups, deferred)
 
     def handle(self, lane: int, batch: Sequence[Item] | PreparedBatch, reason: str,
                slot: Callable[[], ContextManager[float]] | None = None) -> Completion:
@@ -176,6 +192,8 @@ class BatchWriter:
                 with grant() as waited_s:  # planning runs inside its transaction (after the offset check)
                     result.queue_wait_s = waited_s if slot else None
                     failures = self._handle_exactly_once(lane, items, result, retries)
+            elif prepared.deferred:
+                failures = self._handle_deferred(items, result, retries, grant, slot is not None)
             else:
                 assert prepared.failures is not None and prepared.groups is not None
                 failures = self._handle_at_least_once(prepared.failures, prepared.groups, result, retries, grant,
@@ -211,6 +229,39 @@ class BatchWriter:
                 raise TransientError("aborted before writing", error_class="aborted")
             self._write_and_dead_letter(failures, groups, result, retries)
         return failures
+
+    def _handle_deferred(self, items: Sequence[Item], result: Completion, retries: list[int],
+                         grant: Callable[[], ContextManager[float]], scheduled: bool) -> list[DlqEntry]:
+        """An unmapped batch: the columnar tier's write when it takes the batch and the write succeeds,
+        else every item mapped by the row mapper and written by rows (see ingest.runner.columnar)."""
+        tier = self._columnar
+        assert tier is not None
+        built = tier.build(items)
+        if built is not None:
+            batch, poison = built
+            with grant() as waited_s:
+                result.queue_wait_s = waited_s if scheduled else None
+                if self._abort.is_set():
+                    raise TransientError("aborted before writing", error_class="aborted")
+                try:
+                    tier.write(batch.table)
+                    written = True
+                except Exception as exc:  # noqa: BLE001 - the row path retries, isolates and classifies
+                    written = False
+                    log.info("columnar write failed (%s); writing the batch by rows", type(exc).__name__,
+                             extra={"pipeline": self._pipeline, "error_class": getattr(exc, "error_class", None)})
+            if written:
+                result.write_calls = 1
+                result.rows_written = batch.table.num_rows
+                result.columnar_records = len(items)
+                failures = [DlqEntry(self._pipeline, item.record, failure) for item, failure in poison]
+                if failures:
+                    for attempt in self._retrying("dlq write", retries):
+                        with attempt:
+                            self._dlq.put(failures)
+                return failures
+        failures, groups = self.plan([tier.map_item(item) for item in items])
+        return self._handle_at_least_once(failures, groups, result, retries, grant, scheduled)
 
     def _write_and_dead_letter(self, failures: list[DlqEntry], groups: list[list[Item]],
                                result: Completion, retries: list[int]) -> None:

@@ -14,9 +14,11 @@ from typing import Any
 
 from ingest.config import PipelineSettings, Settings
 from ingest.dlq.base import DeadLetterQueue, DlqReader
+from ingest.cdc.mapper import mapper_for
 from ingest.formats.registry import build_decoder
 from ingest.metrics import Metrics
 from ingest.runner import Pipeline, RunOptions
+from ingest.runner.columnar import columnar_tier
 from ingest.scheduler import WriteScheduler
 from ingest.sinks import registry
 from ingest.sinks.base import Sink
@@ -100,14 +102,18 @@ def build_pipeline(settings: Settings, p: PipelineSettings, *, stop: threading.E
     dlq = build_dlq(settings, p)
     offset_store = backend.offset_store(p)
     exactly_once = backend.exactly_once_writer(sink, p, dlq) if offset_store is not None else None
+    decoder = build_decoder(p, settings.schema_registry)
+    key_decoder = build_decoder(p, settings.schema_registry, "key")
+    columnar = columnar_tier(p, sink, columnar_capable=backend.capabilities.columnar,
+                             exactly_once=exactly_once is not None,
+                             mapper=lambda: mapper_for(p, decoder=decoder, key_decoder=key_decoder))
     writer = BatchWriter(pipeline=p.name, write=sink.write, dlq=dlq, retry=p.retry,
                          collapse_rule=p.collapse_rule(), abort=abort, exactly_once=exactly_once,
-                         insert_tokens=backend.capabilities.insert_tokens)
+                         insert_tokens=backend.capabilities.insert_tokens, columnar=columnar)
     source_factory = functools.partial(KafkaSource, settings.kafka, p.effective_group_id, list(p.topics))
     pipeline = Pipeline(
         p, source_factory=source_factory, writer=writer, stop=stop, abort=abort, options=options,
-        decoder=build_decoder(p, settings.schema_registry),
-        key_decoder=build_decoder(p, settings.schema_registry, "key"),
+        decoder=decoder, key_decoder=key_decoder,
         metrics=metrics.pipeline(p.name) if metrics is not None else None,
         offset_store=offset_store, scheduler=(schedulers or {}).get(sink_identity(p)),
     )

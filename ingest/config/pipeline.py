@@ -166,6 +166,12 @@ class PipelineSettings(Frozen):
     key: str | None = None
     priority: int = 0
     lanes: int = Field(default=1, ge=1, le=256)
+    #: Map and write whole batches as Arrow columns (ingest.runner.columnar): one decode call, one CSV
+    #: COPY and one upsert per batch instead of Python per record. For at-least-once PostgreSQL
+    #: pipelines with one lane reading JSON whose columns each read one top-level key or record
+    #: metadata into integer, text, numeric or timestamp columns; records it cannot take exactly go
+    #: by rows (which alone decide poison). A pipeline that cannot have it logs why and runs by rows.
+    columnar: bool = False
     #: Records without a key: spread over lanes (round_robin) or keep in order on lane 0.
     unkeyed: Literal["round_robin", "lane0"] = "round_robin"
     #: Change data capture (ingest.cdc): ``debezium`` reads Debezium change events -- c/r/u upsert

@@ -41,7 +41,9 @@ class Acceptor:
 
     def __init__(self, settings: PipelineSettings, mapper: Mapper | ChangeMapper, *,
                  tracker: OffsetTracker[Partition], batching: LaneBatchers, load: LaneLoad, stats: PipelineStats,
-                 metrics: PipelineMetrics, deterministic: bool) -> None:
+                 metrics: PipelineMetrics, deterministic: bool, defer_mapping: bool = False) -> None:
+        """``defer_mapping``: the lane maps the records (the columnar tier, ingest.runner.columnar; one
+        lane): items leave here with neither row nor failure."""
         self._settings = settings
         self._mapper = mapper
         self._router = LaneRouter(settings.lanes, settings.unkeyed)
@@ -54,6 +56,7 @@ class Acceptor:
         self._stats = stats
         self._metrics = metrics
         self._deterministic = deterministic
+        self._defer_mapping = defer_mapping
         #: hot-key sketch fed with every HOT_KEY_SAMPLE-th record (unbiased shares, bounded cost)
         self._rng = random.Random()
         self._sample_countdown = HOT_KEY_SAMPLE
@@ -82,6 +85,7 @@ class Acceptor:
         deterministic = self._deterministic  # exactly-once needs replay-stable routing
         spread_unkeyed = self._settings.unkeyed == "round_robin"  # unkeyed records are not one hot key
         n_lanes = len(self._batching)
+        defer = self._defer_mapping
         # This chunk's items and sizes per lane, handed to the batchers in bulk at the end.
         lane_items: list[list[Item]] = [[] for _ in range(n_lanes)]
         lane_sizes: list[list[int]] = [[] for _ in range(n_lanes)]
@@ -120,8 +124,12 @@ class Acceptor:
             record_key = rec.key
             size = (len(value) if value is not None else 0) + (len(record_key) if record_key is not None else 0) + 64
             try:
-                row, key = map_record(rec)
-                item = Item(rec, row, None, epoch, size)
+                if defer:  # the lane maps it
+                    row, key = None, record_key
+                    item = Item(rec, None, None, epoch, size)
+                else:
+                    row, key = map_record(rec)
+                    item = Item(rec, row, None, epoch, size)
             except InvalidRecord as exc:
                 item = Item(rec, None, Failure(exc.stage, exc.error_class, exc.message), epoch, size)
                 row, key = None, record_key

@@ -155,7 +155,8 @@ class Pipeline:
         #: maps, tracks and routes each polled chunk (the hot path)
         self._acceptor = Acceptor(settings, mapper_for(settings, decoder=decoder, key_decoder=key_decoder),
                                   tracker=self._tracker, batching=self._batching, load=self._load, stats=self.stats,
-                                  metrics=self.metrics, deterministic=offset_store is not None)
+                                  metrics=self.metrics, deterministic=offset_store is not None,
+                                  defer_mapping=writer.maps_in_lane)
         self._last_commit_ms = 0
         self._last_activity_ms = 0
         self._assigned_once = False

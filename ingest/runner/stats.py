@@ -28,6 +28,9 @@ class PipelineStats:
     fast_path_misses: int = 0
     #: of those, the records the typed tier (msgspec, JSON) handed to the orjson tier (ingest.core.mapping.fastmap)
     typed_misses: int = 0
+    #: records written by the columnar tier (``columnar: true``; ingest.runner.columnar): its hit rate
+    #: is ``columnar_records / records_mapped``
+    columnar_records: int = 0
     #: exactly-once: records re-read after a restart that the database already had
     already_written: int = 0
     batches: int = 0
@@ -56,6 +59,7 @@ class PipelineStats:
         self.retries += c.retries
         self.write_calls += c.write_calls
         self.already_written += c.skipped
+        self.columnar_records += c.columnar_records
         if c.queue_wait_s is not None:
             self.queue_waits_s.append(c.queue_wait_s)
         m.batch_rows.observe(c.records)
@@ -94,6 +98,7 @@ class PipelineStats:
             "records_mapped": self.records_mapped,
             "fast_path_misses": self.fast_path_misses,
             "typed_misses": self.typed_misses,
+            "columnar_records": self.columnar_records,
             "already_written": self.already_written,
             "batches": self.batches,
             "flushes": dict(self.flushes),

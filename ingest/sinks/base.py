@@ -68,6 +68,8 @@ class Capabilities:
     row_sources: bool = False
     #: ``write`` takes :class:`~ingest.types.DeleteRow` rows (change data capture, ``ingest.cdc``).
     deletes: bool = False
+    #: ``use_columnar(columns)`` / ``write_columns(table)`` write Arrow batches (``ingest.runner.columnar``).
+    columnar: bool = False
 
 
 @dataclass(frozen=True, slots=True)

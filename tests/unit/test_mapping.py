@@ -887,7 +887,7 @@ def test_fast_path_stream_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> No
         digested.append((topic, partition))
         return stream_id(topic, partition)
 
-    stream = fastmap._memoised_stream_id(counting)
+    stream = fastmap.memoised_stream_id(counting)
     assert [stream("t", p) for p in (0, 1, 0)] == [stream_id("t", 0), stream_id("t", 1), stream_id("t", 0)]
     assert digested == [("t", 0), ("t", 1)]  # the repeat came from the memo
     for p in range(2, 6):  # the memo fills at 4 and starts over

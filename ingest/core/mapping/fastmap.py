@@ -104,7 +104,7 @@ STREAM_ID_MIN, STREAM_ID_MAX = -(2**63), 2**63 - 1
 STREAM_MEMO_SIZE = 65_536
 
 
-def _memoised_stream_id(stream_id: Callable[[str, int], int]) -> Callable[[str, int], int]:
+def memoised_stream_id(stream_id: Callable[[str, int], int]) -> Callable[[str, int], int]:
     """``stream_id`` memoised in a bounded dict (a digest per record costs more than the lookup)."""
     memo: dict[tuple[str, int], int] = {}
 
@@ -172,7 +172,7 @@ def _key_line(key_getter: Callable[[Any, Any], Any] | None, env: dict[str, Any],
 
 def _base_env(render_key: Callable[[Any], bytes | None]) -> dict[str, Any]:
     """The globals every generated function starts from (its own callables are added to them)."""
-    return {"_Fallback": _Fallback, "_render_key": render_key, "_stream": _memoised_stream_id(stream_id),
+    return {"_Fallback": _Fallback, "_render_key": render_key, "_stream": memoised_stream_id(stream_id),
             "_dict": dict, "_int": int, "_str": str, "_float": float, "_Decimal": Decimal, "_dumps": orjson.dumps,
             "_timedelta": timedelta, "_fromts": datetime.fromtimestamp}
 
@@ -258,10 +258,21 @@ def typed_document(keys: Sequence[str]) -> Callable[[bytes], Any]:
     raises: another key (msgspec skips unknown fields without checking what orjson checks: UTF-8,
     numbers beyond a double's range), a nested value, an integer beyond 64 bits, a malformed document.
     """
+    return msgspec.json.Decoder(_typed_struct(keys)).decode
+
+
+def typed_lines_decoder(keys: Sequence[str]) -> Callable[[bytes], list[Any]]:
+    """:func:`typed_document`'s decoder for newline-delimited documents: one C call decodes a batch
+    (``msgspec.json.Decoder.decode_lines``); each line holds to :func:`typed_document`'s contract,
+    and the whole call raises when any line does. Blank lines yield nothing (callers count)."""
+    return msgspec.json.Decoder(_typed_struct(keys)).decode_lines
+
+
+def _typed_struct(keys: Sequence[str]) -> Any:
+    """The Struct of :func:`typed_document`: field ``f<j>`` is ``keys[j]``, unknown fields refused."""
     names = [f"f{j}" for j in range(len(keys))]
-    struct = msgspec.defstruct("TypedDocument", [(name, _SCALAR, None) for name in names],
-                               rename=dict(zip(names, keys, strict=True)), forbid_unknown_fields=True, gc=False)
-    return msgspec.json.Decoder(struct).decode
+    return msgspec.defstruct("TypedDocument", [(name, _SCALAR, None) for name in names],
+                             rename=dict(zip(names, keys, strict=True)), forbid_unknown_fields=True, gc=False)
 
 
 def typed_keys(columns: Sequence[FastColumn], key_doc_key: str | None) -> list[str] | None:

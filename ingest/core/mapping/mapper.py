@@ -64,6 +64,7 @@ from ingest.config.base import ColumnSpec
 from ingest.core.dialects import ch_type, pg_base_type
 from ingest.core.mapping.coerce_ch import _ch_coercer, _ch_inline
 from ingest.core.mapping.coerce_pg import _coercer_for, _pg_inline
+from ingest.core.mapping.columnar import ColumnarPlan, StagedColumn
 from ingest.core.mapping.common import (
     Coercer,
     Getter,
@@ -181,7 +182,7 @@ class Mapper:
 
     __slots__ = ("column_names", "column_types", "_plan", "_needs_json", "_needs_object", "_key_getter", "_fast",
                  "_fast_doc", "_untyped", "_decoder", "_describe", "fast_misses", "_typed_misses", "_typed_offered",
-                 "_typed_reviewed_misses")
+                 "_typed_reviewed_misses", "_columnar_source")
 
     def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None, *,
                  dialect: str | None = None, decoder: Decoder | None = None,
@@ -250,12 +251,33 @@ class Mapper:
             if len(steps) == 1 and steps[0][0]:
                 key_doc_key, key_typed = str(steps[0][1]), True
         keys = typed_keys(fast_columns, key_doc_key) if key_typed and self._needs_object else None
+        #: what a columnar plan is made of (:meth:`columnar_plan`): PostgreSQL columns of a typed JSON pipeline
+        self._columnar_source: tuple[list[FastColumn], list[str]] | None = None
         if keys is not None and loads is orjson.loads:  # JSON values, every $ source one key: the typed tier
+            if all((dialect or getattr(spec, "dialect", "postgres")) == "postgres" for spec in columns.values()):
+                self._columnar_source = (fast_columns, keys)
             self._fast = compile_typed_map(fast_columns, keys, untyped=self._untyped, key_doc_key=key_doc_key,
                                            key_getter=self._key_getter, render_key=_render_key,
                                            misses=self._typed_misses)
         self._fast_doc = compile_fast_map(fast_columns, needs_json=True, needs_object=self._needs_object,
                                           key_getter=self._key_getter, render_key=_render_key, given_doc=True)
+
+    def columnar_plan(self, key_index: tuple[int, ...] | None) -> ColumnarPlan | None:
+        """A :class:`~ingest.core.mapping.columnar.ColumnarPlan` for this mapper's columns (rows
+        collapsed to the last of each ``key_index`` key; None: every row kept), or None when the
+        columnar tier cannot map them: not a typed JSON pipeline (see :attr:`typed`), not the
+        PostgreSQL dialect, a column of a kind it does not stage or with a default."""
+        if self._columnar_source is None:
+            return None
+        columns, keys = self._columnar_source
+        kinds = []
+        for name, col, full in zip(self.column_names, columns, self.column_types, strict=True):
+            kind = ColumnarPlan.supports(col)
+            if kind is None or (kind == "decimal" and "(" not in full):
+                # an unconstrained numeric keeps the digits' own scale: Arrow writes 967.0 as "967"
+                return None
+            kinds.append(StagedColumn(name, kind, aware=full.startswith("timestamptz")))
+        return ColumnarPlan(self.column_names, columns, kinds, keys, key_index)
 
     @property
     def typed(self) -> bool:

@@ -14,7 +14,7 @@ from ingest.sinks.postgres.sink import PostgresSink
 
 class PostgresBackend:
     kind = "postgres"
-    capabilities = Capabilities(transactions=True, exactly_once=True, row_sources=True, deletes=True)
+    capabilities = Capabilities(transactions=True, exactly_once=True, row_sources=True, deletes=True, columnar=True)
 
     def build(self, pipeline: PipelineSettings, *, lanes: int) -> PostgresSink:
         return PostgresSink(self._settings(pipeline), pool_size=lanes + 1, name=f"{pipeline.name}-sink",

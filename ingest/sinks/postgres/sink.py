@@ -33,12 +33,15 @@ from psycopg_pool import ConnectionPool
 from ingest.config.cdc import DeleteSettings
 from ingest.drivers.postgres import check_dsn, pooled, translate
 from ingest.sinks.base import InTransaction, RowSource
+from ingest.errors import PermanentError
+from ingest.sinks.postgres.columnar import ColumnarStatements, csv_bytes
 from ingest.sinks.postgres.settings import PostgresSinkSettings
 from ingest.sinks.postgres.statements import (
     DeleteStatements,
     UpsertStatements,
     row_sources_query,
 )
+from ingest.core.mapping.columnar import StagedColumn
 from ingest.types import DeleteRow, ImageDeleteRow
 
 log = logging.getLogger(__name__)
@@ -72,6 +75,8 @@ class PostgresSink:
         self._lock = threading.Lock()
         #: statements sent per write, for tests and metrics (round trips that carry rows)
         self.statements = 0
+        #: the columnar write's SQL, once :meth:`use_columnar` was called
+        self._columnar: ColumnarStatements | None = None
 
     # -- connection management -------------------------------------------------
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
@@ -81,6 +86,8 @@ class PostgresSink:
         )
         if self._cfg.write_method == "copy":
             conn.execute(self._sql.create_stage)
+        if self._columnar is not None:
+            conn.execute(self._columnar.create_stage)
 
     def _get_pool(self) -> ConnectionPool:
         with self._lock:
@@ -140,6 +147,36 @@ class PostgresSink:
                         self.write_rows_in(conn, rows)
                     if in_tx is not None:
                         in_tx(conn)
+
+    def use_columnar(self, columns: Sequence[StagedColumn]) -> None:
+        """Prepare :meth:`write_columns` for a columnar plan's columns (before the first write: each
+        pooled connection creates its stage when it opens). Raises ValueError when they are not this
+        table's columns."""
+        if self._deletes is not None:
+            raise ValueError("a table whose records delete is written by rows")
+        self._columnar = ColumnarStatements(self._cfg, columns)
+
+    def write_columns(self, table: Any) -> None:
+        """Write a columnar batch (a ``pyarrow.Table`` of this table's columns as
+        :class:`~ingest.core.mapping.columnar.ColumnarPlan` stages them, one row per key) in one
+        transaction: CSV COPY into the stage, upsert, empty the stage. Raises like :meth:`write`
+        (TransientError, PermanentError...); a connection that is not UTF-8 raises PermanentError
+        (the CSV is UTF-8). Requires :meth:`use_columnar`."""
+        statements = self._columnar
+        assert statements is not None, "use_columnar() first"
+        data = csv_bytes(table)
+        with translate() as t:
+            with self.connection() as conn:
+                t.conn = conn
+                if conn.info.encoding != "utf-8":
+                    raise PermanentError(f"the connection's encoding is {conn.info.encoding}, not UTF-8",
+                                         error_class="encoding")
+                with conn.transaction(), conn.cursor() as cur:
+                    with cur.copy(statements.copy_stage) as copy:
+                        copy.write(memoryview(data))
+                    cur.execute(statements.upsert)
+                    cur.execute(statements.clear_stage)
+                    self.statements += 2
 
     def row_sources(self, keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], RowSource]:
         """Where the rows with these conflict keys were last written from (rows that do not exist are

@@ -1,0 +1,76 @@
+"""Writing an Arrow batch (:mod:`ingest.core.mapping.columnar`) into a PostgreSQL sink table.
+
+One transaction per batch, three statements: the table's columns are written as CSV by Arrow's
+C writer and sent in one ``COPY ... FROM STDIN (FORMAT csv)`` into a temporary stage, then one
+``INSERT ... SELECT ... ON CONFLICT`` applies them with the table's own conflict clause (the
+one the row path uses: :meth:`UpsertStatements._conflict_clause`), then the stage is emptied.
+
+The stage holds each column as the columnar tier stages it, and the ``SELECT`` converts:
+
+- ``int``: ``int8``, assigned to the column (its range was checked per batch);
+- ``text``: ``text``, assigned (a ``varchar(n)`` column checks its length on assignment, as on
+  the row path);
+- ``decimal``: the float's shortest round-trip digits as ``text`` (Arrow's CSV writer writes
+  the digits ``float_decimal`` keeps), cast to the column's ``numeric`` type as the row path's
+  text stage does;
+- ``epoch_ms``: ``int8`` milliseconds, added to the epoch as an interval (exact for the range
+  the tier accepts, ``0 .. 2**42``).
+
+Every value is quoted (``quoting_style="all_valid"``): an unquoted empty field is NULL, a quoted
+one the empty string, and no line can be a lone ``\\.``. Every name is composed with
+:class:`psycopg.sql.Identifier`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg import sql
+
+from ingest.core.dialects import pg_base_type
+from ingest.core.mapping.columnar import StagedColumn
+from ingest.sinks.postgres.settings import PostgresSinkSettings
+from ingest.sinks.postgres.statements import UpsertStatements, stage_name, table_ident
+
+_STAGE_TYPE = {"int": "int8", "text": "text", "decimal": "text", "epoch_ms": "int8"}
+
+
+class ColumnarStatements:
+    """The SQL of the columnar write for one table, composed once."""
+
+    def __init__(self, cfg: PostgresSinkSettings, columns: Sequence[StagedColumn]) -> None:
+        if [c.name for c in columns] != list(cfg.columns):
+            raise ValueError("the columnar plan's columns are not the sink's")
+        target = table_ident(cfg.db_schema, cfg.table)
+        stage = sql.Identifier(stage_name(cfg.db_schema, cfg.table) + "_c")
+        ident = sql.Identifier
+        defs = sql.SQL(", ").join(sql.SQL("{} {}").format(ident(c.name), sql.SQL(_STAGE_TYPE[c.kind]))
+                                  for c in columns)
+        self.create_stage = sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {stage} ({defs})").format(stage=stage, defs=defs)
+        names = sql.SQL(", ").join(ident(c.name) for c in columns)
+        self.copy_stage = sql.SQL("COPY {stage} ({names}) FROM STDIN (FORMAT csv)").format(stage=stage, names=names)
+        selects = []
+        for c in columns:
+            full = pg_base_type(cfg.columns[c.name].type)[1]
+            if c.kind == "decimal":
+                selects.append(sql.SQL("{}::{}").format(ident(c.name), sql.SQL(full)))
+            elif c.kind == "epoch_ms":
+                epoch = sql.SQL("'epoch'::timestamptz" if c.aware else "'epoch'::timestamp")
+                selects.append(sql.SQL("{} + {} * interval '1 millisecond'").format(epoch, ident(c.name)))
+            else:
+                selects.append(ident(c.name))
+        conflict = UpsertStatements._conflict_clause(cfg, target, sql.SQL(""))
+        self.upsert = sql.SQL("INSERT INTO {t} AS t ({names}) SELECT {sel} FROM {stage}{conflict}").format(
+            t=target, names=names, sel=sql.SQL(", ").join(selects), stage=stage, conflict=conflict)
+        self.clear_stage = sql.SQL("DELETE FROM {stage}").format(stage=stage)
+
+
+def csv_bytes(table: Any) -> Any:
+    """``table`` as CSV without a header, every value quoted (a pyarrow Buffer)."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    sink = pa.BufferOutputStream()
+    pcsv.write_csv(table, sink, pcsv.WriteOptions(include_header=False, quoting_style="all_valid"))
+    return sink.getvalue()
