@@ -109,7 +109,7 @@ class Item:
     """A record on its way through a lane: its mapped row, or why it has none.
 
     Exactly one of ``row`` and ``failure`` is set, or neither while the record is not mapped yet
-    (the columnar tier maps a whole batch in its lane: ``ingest.runner.columnar``). ``epoch`` is the
+    (the columnar tier maps a whole batch when it is handed to its lane: ``ingest.runner.columnar``). ``epoch`` is the
     assignment epoch of the record's partition when it was consumed.
     """
 

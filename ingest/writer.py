@@ -53,7 +53,7 @@ from ingest.sinks.base import ExactlyOnceFn, dedup_token
 from ingest.types import DeleteRow, Failure, Item, Partition
 
 if TYPE_CHECKING:
-    from ingest.runner.columnar import ColumnarTier
+    from ingest.runner.columnar import ColumnarPlanned, ColumnarTier
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,9 @@ class PreparedBatch:
     #: None with exactly-once, which plans inside its transaction
     failures: list[DlqEntry] | None
     groups: list[list[Item]] | None
-    #: the items are not mapped yet: the lane maps them (the columnar tier, or record by record)
-    deferred: bool = False
+    #: the columnar tier took the batch (its items are not mapped): the columnar write and its poison
+    #: records (:meth:`ColumnarTier.build`); None: written by rows
+    columnar: ColumnarPlanned | None = None
 
 
 class BatchWriter:
@@ -125,7 +126,9 @@ class BatchWriter:
     ) -> None:
         """``insert_tokens``: the sink deduplicates inserts by token (its capabilities say so): pass
         ``token=`` (:func:`~ingest.sinks.base.dedup_token` of the records behind the rows) to ``write``.
-        ``columnar``: the pipeline's columnar tier; its batches arrive unmapped (:attr:`maps_in_lane`)."""
+        ``columnar``: the pipeline's columnar tier; its batches arrive unmapped (:attr:`maps_in_lane`) and
+        :meth:`prepare` maps them. Not with ``exactly_once``."""
+        assert columnar is None or exactly_once is None, "the columnar tier writes at least once"
         self._columnar = columnar
         self._pipeline = pipeline
         self._write = write
@@ -138,7 +141,8 @@ class BatchWriter:
 
     @property
     def maps_in_lane(self) -> bool:
-        """Items reach this writer unmapped (neither row nor failure): the lane maps them."""
+        """Items reach this writer unmapped (neither row nor failure): :meth:`prepare` maps them, a whole
+        batch at once (the columnar tier) or record by record."""
         return self._columnar is not None
 
     def _retrying(self, what: str, counter: list[int]) -> Retrying:
@@ -161,14 +165,21 @@ class BatchWriter:
 
     def prepare(self, items: Sequence[Item]) -> PreparedBatch:
         """Plan a batch without touching a database (pure; any thread): its bookkeeping and, at least
-        once, its DLQ entries and groups. :meth:`handle` takes the result (or plans there itself)."""
+        once, its DLQ entries and groups -- or, unmapped items (:attr:`maps_in_lane`), the columnar
+        tier's write, else the items mapped by rows and planned. :meth:`handle` takes the result (or
+        plans there itself)."""
         done: dict[tuple[Partition, int], list[int]] = {}
         _collect_done(items, done)
-        deferred = self._columnar is not None
-        failures, groups = self.plan(items) if self._exactly_once is None and not deferred else (None, None)
-        return PreparedBatch(items, sum(map(_size_of, items)),
-                             min([t for t in map(_timestamp_of, items) if t is not None], default=None),
-                             done, failures, groups, deferred)
+        size, oldest = sum(map(_size_of, items)), min([t for t in map(_timestamp_of, items) if t is not None],
+                                                     default=None)
+        tier = self._columnar
+        if tier is not None:
+            planned = tier.build(items)
+            if planned is not None:
+                return PreparedBatch(items, size, oldest, done, None, None, planned)
+            items = [tier.map_item(item) for item in items]
+        failures, groups = self.plan(items) if self._exactly_once is None else (None, None)
+        return PreparedBatch(items, size, oldest, done, failures, groups)
 
     def handle(self, lane: int, batch: Sequence[Item] | PreparedBatch, reason: str,
                slot: Callable[[], ContextManager[float]] | None = None) -> Completion:
@@ -192,8 +203,8 @@ class BatchWriter:
                 with grant() as waited_s:  # planning runs inside its transaction (after the offset check)
                     result.queue_wait_s = waited_s if slot else None
                     failures = self._handle_exactly_once(lane, items, result, retries)
-            elif prepared.deferred:
-                failures = self._handle_deferred(items, result, retries, grant, slot is not None)
+            elif prepared.columnar is not None:
+                failures = self._handle_columnar(prepared.columnar, items, result, retries, grant, slot is not None)
             else:
                 assert prepared.failures is not None and prepared.groups is not None
                 failures = self._handle_at_least_once(prepared.failures, prepared.groups, result, retries, grant,
@@ -223,45 +234,51 @@ class BatchWriter:
                               retries: list[int], grant: Callable[[], ContextManager[float]],
                               scheduled: bool) -> list[DlqEntry]:
         failures = list(failures)  # the prepared batch stays as it was made
+        with self._writing(grant, result, scheduled):
+            self._write_and_dead_letter(failures, groups, result, retries)
+        return failures
+
+    @contextlib.contextmanager
+    def _writing(self, grant: Callable[[], ContextManager[float]], result: Completion,
+                 scheduled: bool) -> Iterator[None]:
+        """The write slot (its wait noted in ``result``); TransientError when the pipeline aborts first."""
         with grant() as waited_s:
             result.queue_wait_s = waited_s if scheduled else None
             if self._abort.is_set():
                 raise TransientError("aborted before writing", error_class="aborted")
-            self._write_and_dead_letter(failures, groups, result, retries)
-        return failures
+            yield
 
-    def _handle_deferred(self, items: Sequence[Item], result: Completion, retries: list[int],
-                         grant: Callable[[], ContextManager[float]], scheduled: bool) -> list[DlqEntry]:
-        """An unmapped batch: the columnar tier's write when it takes the batch and the write succeeds,
-        else every item mapped by the row mapper and written by rows (see ingest.runner.columnar)."""
+    def _handle_columnar(self, planned: ColumnarPlanned, items: Sequence[Item], result: Completion,
+                         retries: list[int], grant: Callable[[], ContextManager[float]],
+                         scheduled: bool) -> list[DlqEntry]:
+        """The columnar tier's write, then its poison records to the DLQ; when the write raises, every
+        item mapped by rows and written by the row path instead (see ingest.runner.columnar)."""
         tier = self._columnar
         assert tier is not None
-        built = tier.build(items)
-        if built is not None:
-            batch, poison = built
-            with grant() as waited_s:
-                result.queue_wait_s = waited_s if scheduled else None
-                if self._abort.is_set():
-                    raise TransientError("aborted before writing", error_class="aborted")
-                try:
-                    tier.write(batch.table)
-                    written = True
-                except Exception as exc:  # noqa: BLE001 - the row path retries, isolates and classifies
-                    written = False
-                    log.info("columnar write failed (%s); writing the batch by rows", type(exc).__name__,
-                             extra={"pipeline": self._pipeline, "error_class": getattr(exc, "error_class", None)})
-            if written:
-                result.write_calls = 1
-                result.rows_written = batch.table.num_rows
-                result.columnar_records = len(items)
-                failures = [DlqEntry(self._pipeline, item.record, failure) for item, failure in poison]
-                if failures:
-                    for attempt in self._retrying("dlq write", retries):
-                        with attempt:
-                            self._dlq.put(failures)
-                return failures
-        failures, groups = self.plan([tier.map_item(item) for item in items])
-        return self._handle_at_least_once(failures, groups, result, retries, grant, scheduled)
+        with self._writing(grant, result, scheduled):
+            try:
+                tier.write(planned.table)
+                written = True
+            except Exception as exc:  # noqa: BLE001 - the row path retries, isolates and classifies
+                written = False
+                log.info("columnar write failed (%s); writing the batch by rows", type(exc).__name__,
+                         extra={"pipeline": self._pipeline, "error_class": getattr(exc, "error_class", None)})
+        if not written:
+            failures, groups = self.plan([tier.map_item(item) for item in items])
+            return self._handle_at_least_once(failures, groups, result, retries, grant, scheduled)
+        result.write_calls = 1
+        result.rows_written = planned.table.num_rows
+        result.columnar_records = len(items)
+        failures = [DlqEntry(self._pipeline, item.record, failure) for item, failure in planned.poison]
+        self._dead_letter(failures, retries)
+        return failures
+
+    def _dead_letter(self, failures: list[DlqEntry], retries: list[int]) -> None:
+        """``failures`` into the DLQ, retried on transient errors; returns once they are durable."""
+        if failures:
+            for attempt in self._retrying("dlq write", retries):
+                with attempt:
+                    self._dlq.put(failures)
 
     def _write_and_dead_letter(self, failures: list[DlqEntry], groups: list[list[Item]],
                                result: Completion, retries: list[int]) -> None:
@@ -293,10 +310,7 @@ class BatchWriter:
             failures.append(DlqEntry(self._pipeline, item.record, Failure.from_write_error(exc)))
         result.rows_written = len(written)
         result.rows_deleted = sum(1 for item in written if isinstance(item.row, DeleteRow))
-        if failures:
-            for attempt in self._retrying("dlq write", retries):
-                with attempt:
-                    self._dlq.put(failures)
+        self._dead_letter(failures, retries)
 
     def _handle_exactly_once(self, lane: int, items: Sequence[Item], result: Completion,
                              retries: list[int]) -> list[DlqEntry]:

@@ -42,8 +42,8 @@ class Acceptor:
     def __init__(self, settings: PipelineSettings, mapper: Mapper | ChangeMapper, *,
                  tracker: OffsetTracker[Partition], batching: LaneBatchers, load: LaneLoad, stats: PipelineStats,
                  metrics: PipelineMetrics, deterministic: bool, defer_mapping: bool = False) -> None:
-        """``defer_mapping``: the lane maps the records (the columnar tier, ingest.runner.columnar; one
-        lane): items leave here with neither row nor failure."""
+        """``defer_mapping``: records are mapped per batch when the batch is handed to its lane (the
+        columnar tier, ingest.runner.columnar; one lane): items leave here with neither row nor failure."""
         self._settings = settings
         self._mapper = mapper
         self._router = LaneRouter(settings.lanes, settings.unkeyed)
@@ -124,7 +124,7 @@ class Acceptor:
             record_key = rec.key
             size = (len(value) if value is not None else 0) + (len(record_key) if record_key is not None else 0) + 64
             try:
-                if defer:  # the lane maps it
+                if defer:  # mapped with its batch (BatchWriter.prepare)
                     row, key = None, record_key
                     item = Item(rec, None, None, epoch, size)
                 else:

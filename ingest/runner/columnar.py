@@ -1,9 +1,12 @@
-"""The lane side of the columnar tier (``columnar: true``): map and write a whole batch at once.
+"""The columnar tier (``columnar: true``): map and write a whole batch at once.
 
-With the tier on, the pipeline thread does not map records: it tracks, sizes and batches them
-(items with neither row nor failure), and the lane hands each batch to :meth:`ColumnarTier.build`
-(:class:`~ingest.core.mapping.columnar.ColumnarPlan`: one C decode, Arrow columns, collapse) and
-writes it with one CSV COPY and one upsert (:meth:`~ingest.sinks.postgres.sink.PostgresSink.write_columns`).
+With the tier on, the accept loop does not map records: it tracks, sizes and batches them (items
+with neither row nor failure). When a batch is handed to its lane, :meth:`BatchWriter.prepare
+<ingest.writer.BatchWriter.prepare>` (on the pipeline thread) passes it to
+:meth:`ColumnarTier.build` (:class:`~ingest.core.mapping.columnar.ColumnarPlan`: one C decode,
+Arrow columns, collapse), and the lane only writes it: one CSV COPY and one upsert
+(:meth:`~ingest.sinks.postgres.sink.PostgresSink.write_columns`) while the pipeline thread maps
+the next batch.
 
 The row path stays the authority. Records the plan rejects are mapped by the row mapper: when each
 of them is poison, they go to the DLQ beside the columnar write (a poison record has no row, so
@@ -25,11 +28,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ingest.config import PipelineSettings
 from ingest.core.mapping import Mapper
-from ingest.core.mapping.columnar import ColumnarBatch, ColumnarPlan
+from ingest.core.mapping.columnar import ColumnarPlan
 from ingest.errors import InvalidRecord
 from ingest.types import Failure, Item, Record
 
@@ -41,9 +45,18 @@ REVIEW_RECORDS = 4096
 MAX_DECLINED_SHARE = 0.25
 
 
+@dataclass(frozen=True, slots=True)
+class ColumnarPlanned:
+    """A batch the tier took: its collapsed rows (a ``pyarrow.Table`` of the sink's columns) and its
+    poison records, each with its failure, for the DLQ."""
+
+    table: Any
+    poison: list[tuple[Item, Failure]]
+
+
 class ColumnarTier:
-    """A pipeline's columnar tier: its plan, its sink's columnar write and the row mapper. Used by
-    one lane (``columnar`` pipelines have one), so its counters need no lock beyond the one kept."""
+    """A pipeline's columnar tier: its plan, its sink's columnar write and the row mapper.
+    Thread-safe (its review counters are locked)."""
 
     def __init__(self, pipeline: str, plan: ColumnarPlan, write: Callable[[Any], None],
                  map_record: Callable[[Record], tuple[tuple[Any, ...], bytes | None]]) -> None:
@@ -56,9 +69,9 @@ class ColumnarTier:
         self._offered = self._declined = 0
         self.on = True
 
-    def build(self, items: Sequence[Item]) -> tuple[ColumnarBatch, list[tuple[Item, Failure]]] | None:
-        """The batch as a columnar write plus its poison records (each with its failure), or None: map
-        and write it by rows. Never raises for any record content."""
+    def build(self, items: Sequence[Item]) -> ColumnarPlanned | None:
+        """The batch as a columnar write plus its poison records, or None: map and write it by rows.
+        Never raises for any record content."""
         if not self.on:
             return None
         built = self._plan.build([item.record for item in items])
@@ -71,7 +84,7 @@ class ColumnarTier:
                     break
                 poison.append((items[i], failure))
         self._review(len(items), built is None)
-        return (built, poison) if built is not None else None
+        return ColumnarPlanned(built.table, poison) if built is not None else None
 
     def map_item(self, item: Item) -> Item:
         """``item`` mapped by the row mapper: with its row, or with its failure (poison)."""

@@ -10,6 +10,7 @@ epoch milliseconds added to the epoch) -- are exactly the rows the row path writ
 from __future__ import annotations
 
 import json
+import threading
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
@@ -18,12 +19,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ingest.config import RetrySettings
 from ingest.core.collapse import collapse
 from ingest.core.mapping import Mapper
-from ingest.errors import InvalidRecord
+from ingest.errors import InvalidRecord, TransientError
 from ingest.runner.columnar import ColumnarTier
 from ingest.sinks.postgres.settings import PostgresSinkSettings
 from ingest.types import Item, Record
+from ingest.writer import BatchWriter
 
 COLUMNS = {
     "event_id": {"type": "bigint", "source": "$.id", "required": True},
@@ -167,8 +170,7 @@ def test_the_tier_hands_back_poison_with_its_failure_and_declines_a_batch_whose_
     items = [Item(r, None, None, 0, 1) for r in _records([b'{"id": 1}', b'{"id": "x"}'])]
     built = _tier().build(items)
     assert built is not None
-    batch, poison = built
-    assert [(item.record.offset, failure.stage) for item, failure in poison] == [(1, "map")]
+    assert [(item.record.offset, failure.stage) for item, failure in built.poison] == [(1, "map")]
     # "7" is text for a bigint column: the plan rejects it, the row mapper coerces it to 7
     items = [Item(r, None, None, 0, 1) for r in _records([b'{"id": 1}', b'{"id": "7"}'])]
     assert _tier().build(items) is None
@@ -187,3 +189,58 @@ def test_the_tier_turns_itself_off_when_most_records_go_by_rows():
 @pytest.mark.parametrize("raw", [[None], [b'{"id": 1}\n'], [b'{"id": 1}', b'{"id":\n2}']])
 def test_tombstones_and_newlines_decline_the_batch(raw):
     assert PLAN.build(_records(raw)) is None
+
+
+class _Dlq:
+    def __init__(self) -> None:
+        self.entries: list = []
+
+    def put(self, entries) -> None:
+        self.entries.extend(entries)
+
+
+def _writer(columnar_write, rows: list, dlq: _Dlq) -> BatchWriter:
+    tier = ColumnarTier("p", PLAN, write=columnar_write, map_record=MAPPER.map)
+    return BatchWriter(pipeline="p", write=rows.extend, dlq=dlq, retry=RetrySettings(max_attempts=2),
+                       collapse_rule=RULE, abort=threading.Event(), columnar=tier)
+
+
+def _unmapped(raw: list[bytes]) -> list[Item]:
+    return [Item(r, None, None, 0, 1) for r in _records(raw)]
+
+
+RAW = [b'{"id": 1, "s": 1}', b"not json", b'{"id": 1, "s": 2}', b'{"id": 2}']
+
+
+def test_the_writer_plans_a_columnar_batch_and_writes_it_whole_with_its_poison_dead_lettered():
+    tables, rows, dlq = [], [], _Dlq()
+    writer = _writer(tables.append, rows, dlq)
+    assert writer.maps_in_lane
+    prepared = writer.prepare(_unmapped(RAW))
+    assert prepared.columnar is not None and prepared.groups is None
+    done = writer.handle(0, prepared, "size")
+    assert done.error is None and done.columnar_records == 4 and done.rows_written == 2
+    assert [t.to_pylist()[0]["small"] for t in tables] == [2] and rows == []
+    assert [(e.record.offset, e.failure.stage) for e in dlq.entries] == [(1, "decode")]
+    assert sorted(done.done[(("t", 0), 0)] + done.done[(("t", 1), 0)] + done.done[(("t", 2), 0)]) == [0, 1, 2, 3]
+
+
+def test_a_columnar_write_that_raises_is_written_by_rows_instead():
+    def broken(table) -> None:
+        raise TransientError("connection reset", error_class="connection")
+
+    rows, dlq = [], _Dlq()
+    done = _writer(broken, rows, dlq).handle(0, _unmapped(RAW), "size")
+    assert done.error is None and done.columnar_records == 0
+    assert sorted((r[0], r[1]) for r in rows) == [(1, 2), (2, None)]
+    assert [(e.record.offset, e.failure.stage) for e in dlq.entries] == [(1, "decode")]
+
+
+def test_a_batch_the_tier_declines_is_mapped_by_rows_when_it_is_prepared():
+    rows, dlq = [], _Dlq()
+    writer = _writer(lambda table: pytest.fail("a declined batch reached the columnar write"), rows, dlq)
+    prepared = writer.prepare(_unmapped([b'{"id": 1}', b'{"id": "7"}']))  # "7": coerced by the row mapper
+    assert prepared.columnar is None
+    assert [item.row[0] for item in prepared.items] == [1, 7]
+    done = writer.handle(0, prepared, "size")
+    assert done.error is None and sorted(r[0] for r in rows) == [1, 7] and dlq.entries == []
