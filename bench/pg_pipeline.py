@@ -107,6 +107,8 @@ from common import (  # noqa: E402
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 
 BATCH_ROWS = 5000
+#: The end-to-end configuration with the columnar tier (``columnar: true``; 1 process, 1 lane, JSON).
+COLUMNAR = "lanes=1, columnar"
 COLUMNS = {
     "event_id": {"type": "bigint", "source": "$.id", "required": True},
     "user_id": {"type": "bigint", "source": "$.user"},
@@ -195,9 +197,9 @@ def naive(bootstrap: str, topic: str, dsn: str, mapper: Mapper, n: int) -> float
 
 
 def e2e_config(bootstrap: str, topic: str, dsn: str, table: str, lanes: int, registry_url: str | None = None,
-               fmt: str = "avro", columns: dict | None = None) -> dict:
+               fmt: str = "avro", columns: dict | None = None, columnar: bool = False) -> dict:
     """The end-to-end configuration; with ``registry_url``, the same one reading ``fmt`` (``avro`` or
-    ``protobuf``; schemas from that Schema Registry)."""
+    ``protobuf``; schemas from that Schema Registry); ``columnar``: with ``columnar: true``."""
     cfg = {
         "kafka": {"bootstrap_servers": bootstrap, "client": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}},
         "pipelines": [{
@@ -208,6 +210,8 @@ def e2e_config(bootstrap: str, topic: str, dsn: str, table: str, lanes: int, reg
             "dlq": {"kind": "postgres", "table": "bench_dlq"},
         }],
     }
+    if columnar:
+        cfg["pipelines"][0]["columnar"] = True
     if registry_url is not None:
         cfg["schema_registry"] = {"url": registry_url}
         cfg["pipelines"][0]["format"] = fmt
@@ -280,7 +284,7 @@ def run_command(path: Path, processes: int, summary: Path | None = None) -> list
 
 
 def idle_cpu_s(bootstrap: str, dsn: str, lanes: int, processes: int, registry_url: str | None = None,
-               fmt: str = "avro", columns: dict | None = None) -> float:
+               fmt: str = "avro", columns: dict | None = None, columnar: bool = False) -> float:
     """CPU-seconds of ``ingest run`` (its own processes only) on an empty topic: start-up, group join
     and the idle wait, which the end-to-end runs also pay; subtracted to give ingest's CPU per record."""
     topic = f"bench-idle-{uuid.uuid4().hex[:8]}"
@@ -289,19 +293,22 @@ def idle_cpu_s(bootstrap: str, dsn: str, lanes: int, processes: int, registry_ur
     make_table(dsn, table, keyed=True, columns=columns)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "idle.yaml"
-        path.write_text(yaml.safe_dump(e2e_config(bootstrap, topic, dsn, table, lanes, registry_url, fmt, columns)))
+        path.write_text(yaml.safe_dump(e2e_config(bootstrap, topic, dsn, table, lanes, registry_url, fmt, columns,
+                                                  columnar)))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         return run_measured(run_command(path, processes), env=env)
 
 
 def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int = 1,
-               registry_url: str | None = None, fmt: str = "avro", tag: str = "", columns: dict | None = None) -> dict:
+               registry_url: str | None = None, fmt: str = "avro", tag: str = "", columns: dict | None = None,
+               columnar: bool = False) -> dict:
     """``ingest run`` of ``topic`` (``fmt``, Avro or Protobuf, with ``registry_url``; else JSON) into a fresh
-    table (``tag`` in its name: another stream's table)."""
+    table (``tag`` in its name: another stream's table); ``columnar``: with ``columnar: true``."""
+    tag += "_columnar" if columnar else ""
     table = (f"bench_e2e{tag}_{lanes}_{processes}" if registry_url is None
              else f"bench_e2e_{fmt}{tag}_{lanes}_{processes}")
     make_table(dsn, table, keyed=True, columns=columns)
-    cfg = e2e_config(bootstrap, topic, dsn, table, lanes, registry_url, fmt, columns)
+    cfg = e2e_config(bootstrap, topic, dsn, table, lanes, registry_url, fmt, columns, columnar)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -323,13 +330,15 @@ def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int 
               if p.get("summary") and p["summary"]["pipelines"]["bench"].get("busy_window_s", [None])[0] is not None]
     return {"rate": rate, "rss": data.get("peak_rss_bytes", 0), "rows": stats["rows_written"], "cpu_us": cpu_us,
             "hit_rate": hit_rate(stats), "typed_hit_rate": hit_rate(stats, "typed_misses"), "dead_lettered": stats["dead_lettered"],
+            "columnar_share": stats.get("columnar_records", 0) / stats["records_consumed"] if stats["records_consumed"] else None,
             "process_cpu_s": process_cpu_s, "table": table,
             "consumed": stats["records_consumed"], "stagger_s": max(starts) - min(starts) if len(starts) > 1 else None}
 
 
 def print_targets(e2e: dict[str, list[dict]], e_med: dict[str, float], configs: list[tuple[str, int, int]],
                   poison_label: str, poison_runs: list[dict], a_med: float, b_med: float, cpu_a: float, cpu_b: float,
-                  cores: int, idle: dict[str, float], n: int, rounds: int) -> dict:
+                  cores: int, idle: dict[str, float], n: int, rounds: int,
+                  columnar_poison_runs: list[dict] | None = None) -> dict:
     """The hot-path targets (medians of the rounds, every baseline from this run): one process with the
     default settings against min(a, b), ``--processes`` against b (beside the machine's CPU cap), ingest's
     own CPU per record, the poison stream against the clean one; returned for ``--json``."""
@@ -356,6 +365,19 @@ def print_targets(e2e: dict[str, list[dict]], e_med: dict[str, float], configs: 
         print(f"  0.1 % poison stream, {one}: {poison_med:,.0f} records/s, poison / clean = "
               f"{out['poison_vs_clean']:.2f}   (target >= 0.8); fast path {hits * 100:.2f} % (typed {typed * 100:.2f} %), "
               f"{poison_runs[0]['dead_lettered']} dead letters = the poison records")
+    if COLUMNAR in e2e:
+        col_own = statistics.median((r["process_cpu_s"] - idle[COLUMNAR]) / n * 1e6 for r in e2e[COLUMNAR])
+        out.update(columnar_vs_min_ab=e_med[COLUMNAR] / min(a_med, b_med), columnar_own_cpu_us_per_record=col_own,
+                   columnar_share=min(r["columnar_share"] for r in e2e[COLUMNAR]))
+        print(f"  columnar tier ({COLUMNAR}): e / min(a,b) = {out['columnar_vs_min_ab']:.2f}, own CPU "
+              f"{col_own:.2f} us per record; {out['columnar_share'] * 100:.2f} % of the records written columnar")
+        if columnar_poison_runs:
+            rate = statistics.median(r["rate"] for r in columnar_poison_runs)
+            share = min(r["columnar_share"] for r in columnar_poison_runs)
+            out.update(columnar_poison_vs_clean=rate / e_med[COLUMNAR], columnar_poison_share=share)
+            print(f"  0.1 % poison stream, {COLUMNAR}: {rate:,.0f} records/s, poison / clean = "
+                  f"{out['columnar_poison_vs_clean']:.2f}; {share * 100:.2f} % written columnar, "
+                  f"{columnar_poison_runs[0]['dead_lettered']} dead letters = the poison records")
     return out
 
 
@@ -421,6 +443,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the figures as JSON to this file")
     ap.add_argument("--no-wide", action="store_true",
                     help="skip the wide stream (16 columns, ~760 B, nested; end to end, 1 process, first of --lanes)")
+    ap.add_argument("--no-columnar", action="store_true",
+                    help=f"skip the columnar tier's configuration ({COLUMNAR}: 1 process; JSON only)")
     ap.add_argument("--no-poison", action="store_true",
                     help="skip the 0.1 %%-poison stream (end to end, 1 process, lanes as the first of --lanes)")
     args = ap.parse_args()
@@ -476,6 +500,8 @@ def main() -> None:
         if args.processes > 1:
             configs += [(f"processes={args.processes}, lanes={lanes}", lanes, args.processes)
                         for lanes in args.process_lanes]
+        if formats == ["json"] and not args.no_columnar:
+            configs.append((COLUMNAR, 1, 1))
         # One round measures everything once, so that a slow spell of this shared machine
         # hits every measure of that round rather than one measure of the whole run.
         rates: dict[str, list[float]] = {}
@@ -486,6 +512,7 @@ def main() -> None:
         #: the poison stream, end to end in the first (default) configuration, right after its clean run
         poison_label = configs[0][0]
         poison_runs: list[dict] = []
+        columnar_poison_runs: list[dict] = []
         wide_runs: list[dict] = []
         for rnd in range(args.rounds):
             records, win_a = consume_all(bootstrap, topic, n)
@@ -505,7 +532,13 @@ def main() -> None:
                 shift = rnd % len(formats)
                 for fmt in formats[shift:] + formats[:shift]:
                     by_format[fmt][label].append(end_to_end(bootstrap, topics[fmt], dsn, lanes, processes,
-                                                            urls[fmt], fmt))
+                                                            urls[fmt], fmt, columnar=label == COLUMNAR))
+                if label == COLUMNAR and poison_topic is not None:
+                    columnar_poison_runs.append(end_to_end(bootstrap, poison_topic, dsn, lanes, processes,
+                                                           tag="_poison", columnar=True))
+                    if columnar_poison_runs[-1]["dead_lettered"] != poison_count(n):
+                        raise SystemExit(f"the poison stream (columnar) dead-lettered "
+                                         f"{columnar_poison_runs[-1]['dead_lettered']} records, expected {poison_count(n)}")
                 if label == poison_label and poison_topic is not None:
                     poison_runs.append(end_to_end(bootstrap, poison_topic, dsn, lanes, processes, tag="_poison"))
                     if poison_runs[-1]["dead_lettered"] != poison_count(n):
@@ -520,7 +553,8 @@ def main() -> None:
                   + "  ".join(f"e[{k if fmt == 'json' else fmt + ' ' + k}] {v[-1]['rate']:,.0f}"
                               for fmt in formats for k, v in by_format[fmt].items()), flush=True)
         d = args.naive_records / naive(bootstrap, topic, dsn, mapper, args.naive_records)
-        idles = {fmt: {label: idle_cpu_s(bootstrap, dsn, lanes, processes, urls[fmt], fmt)
+        idles = {fmt: {label: idle_cpu_s(bootstrap, dsn, lanes, processes, urls[fmt], fmt,
+                                         columnar=label == COLUMNAR)
                        for label, lanes, processes in configs} for fmt in formats}
         idle = idles[primary]
 
@@ -545,7 +579,9 @@ def main() -> None:
             if staggers:
                 extra += f", first records {min(staggers):.2f}-{max(staggers):.2f} s apart (group join)"
             hits = [r["hit_rate"] for r in runs if r.get("hit_rate") is not None]
-            if hits:
+            if label == COLUMNAR:
+                extra += f", written columnar {min(r['columnar_share'] for r in runs) * 100:.2f} %"
+            elif hits:
                 extra += f", fast path {min(hits) * 100:.2f} %"
                 typed = [r["typed_hit_rate"] for r in runs if r.get("typed_hit_rate") is not None]
                 extra += f" (typed {min(typed) * 100:.2f} %)" if typed else ""
@@ -580,7 +616,7 @@ def main() -> None:
                   f"-> at most {cores} / {cpu_e:.1f} us = {cap_e:,.0f} records/s here, "
                   f"= {cap_e / min(a, b):.2f} x min(a,b);   e / that cap = {best / cap_e:.2f}")
         targets = print_targets(e2e, e_med, configs, poison_label, poison_runs, a_med, b_med, cpu_a, cpu_b, cores,
-                                idle, n, args.rounds)
+                                idle, n, args.rounds, columnar_poison_runs)
         if wide_runs:
             lanes, processes = configs[0][1], configs[0][2]
             wide_idle = idle_cpu_s(bootstrap, dsn, lanes, processes, columns=WIDE_COLUMNS)
