@@ -170,8 +170,10 @@ class BatchWriter:
         plans there itself)."""
         done: dict[tuple[Partition, int], list[int]] = {}
         _collect_done(items, done)
-        size, oldest = sum(map(_size_of, items)), min([t for t in map(_timestamp_of, items) if t is not None],
-                                                     default=None)
+        stamps = list(map(_timestamp_of, items))
+        if None in stamps:
+            stamps = [t for t in stamps if t is not None]
+        size, oldest = sum(map(_size_of, items)), min(stamps, default=None)
         tier = self._columnar
         if tier is not None:
             planned = tier.build(items)

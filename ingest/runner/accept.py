@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 #: (partition, epoch) of a skipped record ``(tp, offset, epoch)``: runs of one partition are done at once
 _run_key = operator.itemgetter(0, 2)
 
+_tp_of = operator.attrgetter("topic", "partition")
+_offset_of = operator.attrgetter("offset")
+_value_of = operator.attrgetter("value")
+_key_of = operator.attrgetter("key")
+
 #: One record in this many feeds the hot-key sketch: shares stay unbiased, the cost per record drops 16×.
 HOT_KEY_SAMPLE = 16
 
@@ -74,6 +79,9 @@ class Acceptor:
         chunk and makes no helper call per record that it can avoid, since
         every record of every pipeline passes through it.
         """
+        if self._defer_mapping:
+            self._accept_deferred(records, now_ms)
+            return
         tracker = self._tracker
         map_record = self._mapper.map
         lane_of = self._router.lane
@@ -85,7 +93,6 @@ class Acceptor:
         deterministic = self._deterministic  # exactly-once needs replay-stable routing
         spread_unkeyed = self._settings.unkeyed == "round_robin"  # unkeyed records are not one hot key
         n_lanes = len(self._batching)
-        defer = self._defer_mapping
         # This chunk's items and sizes per lane, handed to the batchers in bulk at the end.
         lane_items: list[list[Item]] = [[] for _ in range(n_lanes)]
         lane_sizes: list[list[int]] = [[] for _ in range(n_lanes)]
@@ -124,12 +131,8 @@ class Acceptor:
             record_key = rec.key
             size = (len(value) if value is not None else 0) + (len(record_key) if record_key is not None else 0) + 64
             try:
-                if defer:  # mapped with its batch (BatchWriter.prepare)
-                    row, key = None, record_key
-                    item = Item(rec, None, None, epoch, size)
-                else:
-                    row, key = map_record(rec)
-                    item = Item(rec, row, None, epoch, size)
+                row, key = map_record(rec)
+                item = Item(rec, row, None, epoch, size)
             except InvalidRecord as exc:
                 item = Item(rec, None, Failure(exc.stage, exc.error_class, exc.message), epoch, size)
                 row, key = None, record_key
@@ -154,9 +157,7 @@ class Acceptor:
         self._sample_countdown = countdown
         if run:
             tracker.track_many(tp, run)
-        for (skipped_tp, skipped_epoch), run_of in itertools.groupby(skipped, _run_key):
-            tracker.done_many(skipped_tp, [offset for _, offset, _ in run_of], skipped_epoch)
-        self._stats.skipped += len(skipped)
+        self._settle(skipped)
         self._stats.fast_path_misses = self._mapper.fast_misses - self._misses_before
         self._mapper.review_typed(len(records))
         self._stats.typed_misses = self._mapper.typed_misses - self._typed_misses_before
@@ -164,3 +165,83 @@ class Acceptor:
             if items:
                 self._stats.records_mapped += len(items)
                 self._batching.buffer(lane, items, lane_sizes[lane], now_ms)
+
+    def _settle(self, skipped: list[tuple[Partition, int, int]]) -> None:
+        """Mark the records handled without a row ``(tp, offset, epoch)`` done at once, a run at a time."""
+        for (skipped_tp, skipped_epoch), run_of in itertools.groupby(skipped, _run_key):
+            self._tracker.done_many(skipped_tp, [offset for _, offset, _ in run_of], skipped_epoch)
+        self._stats.skipped += len(skipped)
+
+    def _accept_deferred(self, records: list[Record], now_ms: int) -> None:
+        """:meth:`accept` when records are mapped per batch later (``defer_mapping``; one lane): the
+        same tracking, items, skipped tombstones, statistics and hot-key samples (by the record's key:
+        there is no row yet), a run of one partition at a time, with the per-record work done by C
+        calls over the run where it can be."""
+        tracker = self._tracker
+        skip_tombstones = self._settings.effective_tombstones == "skip"
+        self._stats.records_consumed += len(records)
+        self._metrics.records_consumed.inc(len(records))
+        items: list[Item] = []
+        sizes: list[int] = []
+        skipped: list[tuple[Partition, int, int]] = []
+        for (topic, partition), same_tp in itertools.groupby(records, _tp_of):
+            tp = Partition(topic, partition)
+            epoch = tracker.epoch(tp)
+            if epoch is None:
+                continue  # not assigned any more (revoked during this poll)
+            run = list(same_tp)
+            offsets = list(map(_offset_of, run))
+            last = tracker.last_tracked(tp)
+            if (last is not None and offsets[0] <= last) or not all(map(operator.lt, offsets, offsets[1:])):
+                run = _forward_only(run, -1 if last is None else last, tp)
+                offsets = list(map(_offset_of, run))
+            tracker.track_many(tp, offsets)
+            values = list(map(_value_of, run))
+            if skip_tombstones and None in values:
+                skipped.extend((tp, rec.offset, epoch) for rec in run if rec.value is None)
+                run = [rec for rec in run if rec.value is not None]
+                values = list(map(_value_of, run))
+            run_sizes = _sizes(values, list(map(_key_of, run)))
+            items += map(Item, run, itertools.repeat(None), itertools.repeat(None), itertools.repeat(epoch),
+                         run_sizes)
+            sizes += run_sizes
+        self._sample_keys(items)
+        self._settle(skipped)
+        self._mapper.review_typed(len(records))
+        if items:
+            self._stats.records_mapped += len(items)
+            self._batching.buffer(0, items, sizes, now_ms)
+
+    def _sample_keys(self, items: list[Item]) -> None:
+        """Feed every HOT_KEY_SAMPLE-th item (on average; random gaps, as :meth:`accept` does) of a chunk
+        bound for lane 0 to the hot-key sketch, by the record's key."""
+        spread_unkeyed = self._settings.unkeyed == "round_robin"
+        pos = self._sample_countdown - 1  # the next sample's position in ``items``
+        while pos < len(items):
+            item = items[pos]
+            key = item.record.key
+            if key is not None or not spread_unkeyed:
+                self._load.observe(0, key, item.size_bytes)
+            pos += self._rng.randint(1, 2 * HOT_KEY_SAMPLE - 1)
+        self._sample_countdown = pos - len(items) + 1
+
+
+def _forward_only(run: list[Record], last: int, tp: Partition) -> list[Record]:
+    """The records of a run whose offsets move forward from ``last`` (a redelivery that went
+    backwards is logged and ignored, as :meth:`Acceptor.accept` does)."""
+    kept = []
+    for rec in run:
+        if rec.offset <= last:
+            log.warning("offset went backwards; ignoring redelivery", extra={"partition": str(tp), "offset": rec.offset})
+            continue
+        last = rec.offset
+        kept.append(rec)
+    return kept
+
+
+def _sizes(values: list[bytes | None], keys: list[bytes | None]) -> list[int]:
+    """Each record's in-flight size, as :meth:`Acceptor.accept` counts it: value + key + 64 bytes."""
+    if None in values or None in keys:
+        return [(len(v) if v is not None else 0) + (len(k) if k is not None else 0) + 64
+                for v, k in zip(values, keys, strict=True)]
+    return list(map(operator.add, map(operator.add, map(len, values), map(len, keys)), itertools.repeat(64)))

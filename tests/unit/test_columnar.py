@@ -16,7 +16,7 @@ from decimal import Decimal
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ingest.config import RetrySettings
@@ -76,8 +76,11 @@ def values(draw: st.DrawFn) -> bytes:
     return text.replace(b":", b" : ") if kind == "spaced" else text
 
 
-def _records(raw: list[bytes | None]) -> list[Record]:
-    return [Record("t", i % 3, i, b"k", value, 1_700_000_000_000 + i) for i, value in enumerate(raw)]
+def _records(raw: list[bytes | None], mixed: bool = False) -> list[Record]:
+    """Records of topic ``t``, or with ``mixed`` of ``t`` and ``u``: the plan reads the ``@stream``
+    column per partition of a one-topic batch and per record otherwise."""
+    return [Record("u" if mixed and i % 4 == 1 else "t", i % 3, i, b"k", value, 1_700_000_000_000 + i)
+            for i, value in enumerate(raw)]
 
 
 def _row_path(records: list[Record]) -> tuple[dict, set[int]]:
@@ -123,8 +126,13 @@ def test_the_bench_shape_has_a_plan_and_other_shapes_do_not():
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(values(), min_size=1, max_size=25))
+# lines that are not documents: an empty one beside two documents on one line, a document split
+# over two lines beside two on one, a blank line
+@example([b"", b'{"id":1}{"id":2}'])
+@example([b'{"id":', b'1}{"id":2}'])
+@example([b'{"id":1}', b"   ", b'{"id":3} {"id":4}'])
 def test_the_plan_writes_what_the_row_path_writes(raw):
-    records = _records(raw)
+    records = _records(raw, mixed=len(raw) % 2 == 0)
     expected, poison = _row_path(records)
     built = PLAN.build(records)
     assert built is not None  # no tombstone, no newline: the plan never declines the whole batch

@@ -8,7 +8,8 @@ timestamp columns -- :class:`ColumnarPlan` does that work per batch instead:
 1. the batch's values are joined by newlines and decoded in one C call by the typed tier's own
    msgspec decoder (:func:`~ingest.core.mapping.fastmap.typed_lines_decoder`: a Struct of exactly
    the keys the columns read, unknown fields refused), after checking that no value holds a
-   newline, so line ``i`` is record ``i``;
+   newline and that each is framed as one object (:func:`_framed`), so document ``i`` is record
+   ``i`` (a batch that is not is decoded value by value);
 2. each column's values go into one Arrow array; a column is checked as a whole (the Python types
    it holds, its integer range, NUL characters, missing required values) and every record that
    fails a check, or that the decoder refused, is *rejected*: handed to the row mapper, which
@@ -66,6 +67,9 @@ _METADATA: dict[str, Callable[[Record], Any]] = {
 _TYPES = {"int": {int}, "text": {str}, "decimal": {float}, "epoch_ms": {int}}
 
 _value_of = operator.attrgetter("value")
+_origin_of = operator.attrgetter("origin")
+_topic_of = operator.attrgetter("topic")
+_partition_of = operator.attrgetter("partition")
 _NONE = type(None)
 
 
@@ -144,8 +148,15 @@ class ColumnarPlan:
         return kind if col.metadata in _METADATA else None
 
     def _stream_reader(self, docs: list[Any], records: Sequence[Record]) -> list[Any]:
+        """The ``@stream`` column: one digest per partition of the batch, looked up per record in C."""
         stream = self._stream
-        return [stream(r.topic, r.partition) for r in records]
+        partitions = list(map(_partition_of, records))
+        topics = set(map(_topic_of, records))
+        if len(topics) != 1:
+            return list(map(stream, map(_topic_of, records), partitions))
+        topic = topics.pop()
+        ids = {p: stream(topic, p) for p in set(partitions)}
+        return list(map(ids.__getitem__, partitions))
 
     def build(self, records: Sequence[Record]) -> ColumnarBatch | None:
         """The batch as collapsed Arrow columns plus the records left to the row mapper; None declines
@@ -155,16 +166,18 @@ class ColumnarPlan:
         if n == 0:
             return None
         values = list(map(_value_of, records))
-        if None in values or any(r.origin is not None for r in records):
+        if None in values or list(map(_origin_of, records)).count(None) != n:
             return None  # tombstones and republished records: the row path
         joined = b"\n".join(values)
         if joined.count(b"\n") != n - 1:
             return None  # a value holds a newline: lines would not be records
         rejected: set[int] = set()
-        try:
-            docs = self._decode_lines(joined)
-        except Exception:  # noqa: BLE001 - some line is not a typed document: find which, one by one
-            docs = None
+        docs = None
+        if _framed(joined, n):
+            try:
+                docs = self._decode_lines(joined)
+            except Exception:  # noqa: BLE001 - some line is not a typed document: find which, one by one
+                docs = None
         if docs is None or len(docs) != n:
             docs, rejected = self._decode_each(values)
         arrays = []
@@ -229,6 +242,20 @@ class ColumnarPlan:
         else:
             last = dict(zip(keys, range(n), strict=True))
         return sorted(last.values())
+
+
+def _framed(joined: bytes, n: int) -> bool:
+    """Whether decoding ``joined`` (``n`` values joined by the only ``n - 1`` newlines) as lines can
+    only give document ``i`` from value ``i``: every value starts with ``{`` and ends with ``}``.
+
+    The decoder reads whitespace-separated documents, not lines: it skips an empty line, reads two
+    documents from ``{"id":1}{"id":2}`` and one from ``{"id":`` and ``1}`` on two lines, so ``n``
+    documents from ``n`` lines alone proves nothing. With the rule no document spans a newline (the
+    next line starts with ``{`` where a document in progress needs ``,``, ``}`` or ``]``, and a string
+    cannot hold a raw newline), so every line holds at least one document, and ``n`` of them means
+    exactly one each. A batch that breaks the rule is decoded value by value."""
+    return (joined[:1] == b"{" and joined[-1:] == b"}"
+            and joined.count(b"\n{") == n - 1 and joined.count(b"}\n") == n - 1)
 
 
 def _doc_reader(get: Callable[[Any], Any]) -> Callable[[list[Any], Sequence[Record]], list[Any]]:

@@ -1,0 +1,132 @@
+"""The accept loop for batch-mapped pipelines (``Acceptor._accept_deferred``, the columnar tier's)
+against the mapping loop (``Acceptor.accept`` of a pipeline that maps records as it accepts them).
+
+Differential: over random sequences of polled chunks -- partitions interleaved, some unassigned,
+offsets that jump, repeat or go backwards, tombstones, records without keys -- both loops must
+leave the offset tracker in the same state, hand the same records (with the same epochs and
+sizes) to lane 0's batcher in the same order, skip and count the same records and feed the
+hot-key sketch at the same positions. What the deferred loop leaves for later differs: its items
+carry neither row nor failure, and a sample's key is the record's (there is no row yet), so with
+``unkeyed: round_robin`` a sample of a record without a Kafka key is not counted (the mapping loop
+counts it under its row's key); the differential runs with ``unkeyed: lane0``, which counts both.
+"""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ingest.cdc.mapper import mapper_for
+from ingest.config import PipelineSettings
+from ingest.core.offsets import OffsetTracker
+from ingest.metrics import Metrics
+from ingest.runner.accept import Acceptor
+from ingest.runner.stats import PipelineStats
+from ingest.types import Item, Partition, Record
+
+ASSIGNED = [Partition("t", 0), Partition("t", 1), Partition("u", 0)]
+ALL = [*ASSIGNED, Partition("t", 2)]  # ("t", 2) is not assigned: its records are ignored
+
+
+def _settings(tombstones: str) -> PipelineSettings:
+    return PipelineSettings.model_validate({
+        "name": "accept", "topics": ["t", "u"], "lanes": 1, "tombstones": tombstones, "unkeyed": "lane0",
+        "sink": {"kind": "postgres", "dsn": "postgresql://u@h/d", "table": "t", "conflict_key": ["id"],
+                 "columns": {"id": {"type": "bigint", "required": True}, "kind": {"type": "text"}}},
+    })
+
+
+class _Batching:
+    """Lane 0's batcher as the acceptor sees it: what it was handed, in order."""
+
+    def __init__(self) -> None:
+        self.handed: list[tuple[int, Item, int]] = []
+
+    def __len__(self) -> int:
+        return 1
+
+    def buffer(self, lane: int, items: list[Item], sizes: list[int], now_ms: int) -> None:
+        assert len(items) == len(sizes)
+        self.handed += [(lane, item, size) for item, size in zip(items, sizes, strict=True)]
+
+
+class _Load:
+    """The hot-key sketch as the acceptor feeds it: the sampled (lane, size) in order."""
+
+    def __init__(self) -> None:
+        self.sampled: list[tuple[int, int]] = []
+
+    def observe(self, lane: int, key: bytes | None, size_bytes: int) -> None:
+        self.sampled.append((lane, size_bytes))
+
+
+def _acceptor(settings_: PipelineSettings, defer: bool) -> tuple[Acceptor, OffsetTracker, _Batching, _Load,
+                                                                   PipelineStats]:
+    tracker: OffsetTracker[Partition] = OffsetTracker()
+    for tp in ASSIGNED:
+        tracker.assign(tp)
+    batching, load, stats = _Batching(), _Load(), PipelineStats()
+    acceptor = Acceptor(settings_, mapper_for(settings_), tracker=tracker, batching=batching,  # type: ignore[arg-type]
+                        load=load, stats=stats, metrics=Metrics().pipeline("accept"),  # type: ignore[arg-type]
+                        deterministic=False, defer_mapping=defer)
+    acceptor._rng = random.Random(7)  # both loops draw the same sampling gaps
+    return acceptor, tracker, batching, load, stats
+
+
+record_specs = st.tuples(
+    st.sampled_from(ALL),
+    st.integers(min_value=-3, max_value=4),  # the offset's step from the partition's last one
+    st.sampled_from([b'{"id": 1, "kind": "a"}', b'{"id": 2}', b"not json", None, b'{"id": 12345678901}']),
+    st.sampled_from([b"k", b"key-2", None]),
+)
+
+
+def _chunks(specs: list[list[tuple]]) -> list[list[Record]]:
+    """Polled chunks from (partition, step, value, key) specs: offsets per partition move by ``step``."""
+    position = {tp: 10 for tp in ALL}
+    chunks = []
+    for chunk in specs:
+        records = []
+        for tp, step, value, key in chunk:
+            position[tp] = max(0, position[tp] + step)
+            records.append(Record(tp.topic, tp.partition, position[tp], key, value, 1_700_000_000_000))
+        chunks.append(records)
+    return chunks
+
+
+@settings(max_examples=300, deadline=None)
+@given(specs=st.lists(st.lists(record_specs, max_size=30), min_size=1, max_size=6),
+       tombstones=st.sampled_from(["skip", "dlq"]))
+def test_the_deferred_loop_tracks_batches_and_samples_as_the_mapping_loop(specs, tombstones):
+    chunks = _chunks(specs)
+    runs = {}
+    for defer in (False, True):
+        acceptor, tracker, batching, load, stats = _acceptor(_settings(tombstones), defer)
+        for chunk in chunks:
+            acceptor.accept(chunk, now_ms=0)
+        if defer:
+            assert all(item.row is None and item.failure is None for _, item, _ in batching.handed)
+        runs[defer] = {
+            "tracked": {tp: (tracker.last_tracked(tp), tracker.in_flight(tp)) for tp in ASSIGNED},
+            "handed": [(lane, item.record, item.epoch, item.size_bytes, size) for lane, item, size in batching.handed],
+            "sampled": load.sampled,
+            "counts": (stats.records_consumed, stats.records_mapped, stats.skipped),
+        }
+    assert runs[True] == runs[False]
+
+
+def test_a_chunk_is_sampled_across_polls_at_the_mapping_loops_positions():
+    """Many small chunks: the sampling countdown carries over from one chunk to the next."""
+    value = orjson.dumps({"id": 1})
+    chunks = [[Record("t", 0, 100 * c + i, b"k", value + b" " * i, 0) for i in range(c % 5)] for c in range(200)]
+    sampled = {}
+    for defer in (False, True):
+        acceptor, _, _, load, _ = _acceptor(_settings("skip"), defer)
+        for chunk in chunks:
+            acceptor.accept(chunk, now_ms=0)
+        sampled[defer] = load.sampled
+    assert len(sampled[False]) > 10  # 400 records, one in 16 sampled on average
+    assert sampled[True] == sampled[False]
