@@ -264,7 +264,9 @@ def typed_document(keys: Sequence[str]) -> Callable[[bytes], Any]:
 def typed_lines_decoder(keys: Sequence[str]) -> Callable[[bytes], list[Any]]:
     """:func:`typed_document`'s decoder for newline-delimited documents: one C call decodes a batch
     (``msgspec.json.Decoder.decode_lines``); each line holds to :func:`typed_document`'s contract,
-    and the whole call raises when any line does. Blank lines yield nothing (callers count)."""
+    and the whole call raises when any line does. It reads whitespace-separated documents, not
+    lines: a blank line yields nothing, a line may hold two documents and a document span two
+    lines, so a caller must frame its lines (see ``ingest.core.mapping.columnar._framed``)."""
     return msgspec.json.Decoder(_typed_struct(keys)).decode_lines
 
 
