@@ -11,7 +11,7 @@ COPY pyproject.toml README.md ./
 COPY ingest ./ingest
 RUN python -m venv /opt/ingest \
  && /opt/ingest/bin/pip install --upgrade pip \
- && /opt/ingest/bin/pip install ".[clickhouse]"
+ && /opt/ingest/bin/pip install ".[clickhouse,columnar]"
 
 FROM python:${PYTHON_VERSION}-slim AS runtime
 LABEL org.opencontainers.image.title="ingest" \

@@ -170,8 +170,9 @@ class PipelineSettings(Frozen):
     #: COPY and one upsert per batch instead of Python per record. For at-least-once PostgreSQL
     #: pipelines with one lane reading JSON whose columns each read one top-level key or record
     #: metadata into integer, text, numeric or timestamp columns; records it cannot take exactly go
-    #: by rows (which alone decide poison). A pipeline that cannot have it logs why and runs by rows.
-    columnar: bool = False
+    #: by rows (which alone decide poison). Unset (the default): on wherever the pipeline can have
+    #: it; ``true``: the same, and a pipeline that cannot have it logs why; ``false``: always by rows.
+    columnar: bool | None = None
     #: Records without a key: spread over lanes (round_robin) or keep in order on lane 0.
     unkeyed: Literal["round_robin", "lane0"] = "round_robin"
     #: Change data capture (ingest.cdc): ``debezium`` reads Debezium change events -- c/r/u upsert

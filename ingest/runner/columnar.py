@@ -1,4 +1,4 @@
-"""The columnar tier (``columnar: true``): map and write a whole batch at once.
+"""The columnar tier (the ``columnar`` setting; on wherever it fits): map and write a whole batch at once.
 
 With the tier on, the accept loop does not map records: it tracks, sizes and batches them (items
 with neither row nor failure). When a batch is handed to its lane, :meth:`BatchWriter.prepare
@@ -20,11 +20,13 @@ The tier turns itself off for good when more than ``MAX_DECLINED_SHARE`` of the 
 column reads, nested values...); it is logged at ``info``.
 
 :func:`columnar_tier` decides whether a pipeline can have the tier at all (at least once, one
-lane, JSON, a sink that declares the ``columnar`` capability, the last record of a key wins).
+lane, JSON, a sink that declares the ``columnar`` capability, the last record of a key wins); a
+pipeline that can has it unless its configuration says ``columnar: false``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -120,10 +122,11 @@ def _use_system_allocator() -> None:
 
 def columnar_tier(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_once: bool,
                   mapper: Callable[[], Mapper]) -> ColumnarTier | None:
-    """The pipeline's columnar tier when ``p.columnar`` asks for it and the pipeline can have it, else
-    None (a pipeline that asked and cannot is told why in a warning). ``mapper()`` builds the row
-    mapper the pipeline thread would use."""
-    if not p.columnar:
+    """The pipeline's columnar tier when the pipeline can have it and ``p.columnar`` is not false, else
+    None (a pipeline that asked for it, ``columnar: true``, and cannot have it is told why in a
+    warning; unset, it is said at debug level). ``mapper()`` builds the row mapper the pipeline
+    thread would use."""
+    if p.columnar is False:
         return None
     rule = p.collapse_rule()
     why = None
@@ -139,6 +142,8 @@ def columnar_tier(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exa
         why = "a pipeline whose records delete writes by rows"
     elif rule.key_index is not None and (rule.keep != "last" or rule.version_index is not None):
         why = "its collapse rule is not 'the last record of a key wins'"
+    elif importlib.util.find_spec("pyarrow") is None:
+        why = "pyarrow is not installed (pip install 'ingest[columnar]')"
     plan = None
     if why is None:
         row_mapper = mapper()
@@ -147,7 +152,8 @@ def columnar_tier(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exa
             why = ("a column reads something other than one top-level key or @topic/@partition/@offset/"
                    "@timestamp/@stream, has a default, or is not an integer, text, numeric or timestamp column")
     if why is not None or plan is None:
-        log.warning("pipeline %r: columnar batches are off: %s", p.name, why)
+        log.log(logging.WARNING if p.columnar else logging.DEBUG, "pipeline %r: columnar batches are off: %s",
+                p.name, why)
         return None
     sink.use_columnar(plan.columns)
     _use_system_allocator()

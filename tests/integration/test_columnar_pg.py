@@ -106,12 +106,14 @@ def _run(tmp_path, name, bootstrap, topic, dsn, columnar):
         "kafka": {"bootstrap_servers": bootstrap,
                   "client": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}},
         "pipelines": [{
-            "name": name, "topics": [topic], "group_id": f"{name}-{topic}", "columnar": columnar,
+            "name": name, "topics": [topic], "group_id": f"{name}-{topic}",
             "batch": {"max_rows": 500, "max_latency_ms": 100},
             "sink": {"kind": "postgres", "dsn": dsn, "table": name, "conflict_key": ["id"], "columns": COLUMNS},
             "dlq": {"kind": "postgres", "table": f"{name}_dlq"},
         }],
     }
+    if columnar is not None:
+        cfg["pipelines"][0]["columnar"] = columnar
     d = tmp_path / name
     d.mkdir()
     path = write_and_migrate(d, cfg)
@@ -130,7 +132,7 @@ def test_columnar_run_writes_and_dead_letters_what_the_row_path_does(kafka_boots
     records = _stream()
     assert produce(kafka_bootstrap, topic, records) == len(records)
     rows_stats, rows, rows_dlq = _run(tmp_path, "rows", kafka_bootstrap, topic, pg_dsn, False)
-    col_stats, cols, col_dlq = _run(tmp_path, "cols", kafka_bootstrap, topic, pg_dsn, True)
+    col_stats, cols, col_dlq = _run(tmp_path, "cols", kafka_bootstrap, topic, pg_dsn, None)  # the default: on
     assert len(rows) == 700
     differ = [(a, b) for a, b in zip(cols, rows, strict=True) if a[:-2] != b[:-2]]
     assert not differ, differ[:3]  # the source columns name each run's own stream

@@ -10,6 +10,7 @@ epoch milliseconds added to the epoch) -- are exactly the rows the row path writ
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
@@ -23,7 +24,8 @@ from ingest.config import RetrySettings
 from ingest.core.collapse import collapse
 from ingest.core.mapping import Mapper
 from ingest.errors import InvalidRecord, TransientError
-from ingest.runner.columnar import ColumnarTier
+from ingest.config import PipelineSettings
+from ingest.runner.columnar import ColumnarTier, columnar_tier
 from ingest.sinks.postgres.settings import PostgresSinkSettings
 from ingest.types import Item, Record
 from ingest.writer import BatchWriter
@@ -252,3 +254,51 @@ def test_a_batch_the_tier_declines_is_mapped_by_rows_when_it_is_prepared():
     assert [item.row[0] for item in prepared.items] == [1, 7]
     done = writer.handle(0, prepared, "size")
     assert done.error is None and sorted(r[0] for r in rows) == [1, 7] and dlq.entries == []
+
+
+class _ColumnarSink:
+    """What columnar_tier asks of a sink: to stage the plan's columns."""
+
+    def __init__(self) -> None:
+        self.staged = None
+
+    def use_columnar(self, columns) -> None:
+        self.staged = columns
+
+    def write_columns(self, table) -> None:
+        raise AssertionError("not written here")
+
+
+def _pipeline(**overrides) -> PipelineSettings:
+    return PipelineSettings.model_validate({
+        "name": "p", "topics": ["t"], **overrides,
+        "sink": {"kind": "postgres", "dsn": "postgresql://u@h/d", "table": "t", "conflict_key": ["event_id"],
+                 "columns": COLUMNS},
+    })
+
+
+@pytest.mark.parametrize(("overrides", "on", "warned"), [
+    ({}, True, False),  # unset: on wherever it fits
+    ({"columnar": True}, True, False),
+    ({"columnar": False}, False, False),
+    ({"lanes": 2}, False, False),  # unset and cannot: by rows, quietly
+    ({"lanes": 2, "columnar": True}, False, True),  # asked for and cannot: says why
+])
+def test_a_pipeline_has_the_tier_by_default_wherever_it_fits(overrides, on, warned, caplog):
+    sink = _ColumnarSink()
+    with caplog.at_level(logging.DEBUG, logger="ingest.runner.columnar"):
+        tier = columnar_tier(_pipeline(**overrides), sink, columnar_capable=True, exactly_once=False,
+                             mapper=lambda: Mapper(CFG.columns))
+    assert (tier is not None) is on and (sink.staged is not None) is on
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert bool(warnings) is warned
+    if warned:
+        assert "lanes: 1" in warnings[0].getMessage()
+    elif not on and overrides.get("columnar") is None:
+        assert any("columnar batches are off" in r.getMessage() for r in caplog.records)  # at debug level
+
+
+def test_a_sink_without_the_capability_or_exactly_once_writes_by_rows():
+    for capable, exactly_once in ((False, False), (True, True)):
+        assert columnar_tier(_pipeline(), _ColumnarSink(), columnar_capable=capable, exactly_once=exactly_once,
+                             mapper=lambda: Mapper(CFG.columns)) is None
