@@ -18,14 +18,18 @@ same records:
                           processes, less an ``ingest run`` of the same configuration on an
                           empty topic (start-up, group join, idle wait)
 
-(e) runs with 1 and 4 lanes in one process, and with ``--processes 2`` and 1 or 2 lanes each.
+(e) runs with 1 and 4 lanes in one process, and with ``--processes 2`` and 1 or 2 lanes each, all
+with the default settings (a one-lane pipeline of this stream has the columnar tier, more lanes
+map by rows), and once more as ``lanes=1, rows`` (``columnar: false``: the row path beside it).
 Two more streams run end to end in the first configuration (1 process, the first of ``--lanes``),
 each right after its clean run in every round: (p) the same records with 0.1 % poison
 (``common.poison_event``; the run must dead-letter exactly those) and (w) a wide stream
 (``common.wide_event``: 16 columns, ~760 B, nested paths, a jsonb array), reported in records/s,
 MB/s (key + value bytes) and CPU per record (ingest's own, the machine's). The script ends with
 the hot-path targets (issue #19): every ratio from this run's medians, the fast path's hit rate
-per configuration (``records_mapped`` / ``fast_path_misses`` of the run summary).
+per configuration (the share written by the columnar tier, ``columnar_records``, or by rows
+``records_mapped`` / ``fast_path_misses`` of the run summary); the poison stream also runs in
+``lanes=1, rows``.
 (a), (b), (c) and every (e) are measured ``--rounds`` times, interleaved (one round measures
 each once), because this shared machine has slow spells of many seconds: the script prints
 the best and the median of each and the ratios of the best figures (and of the medians)
@@ -107,8 +111,9 @@ from common import (  # noqa: E402
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 
 BATCH_ROWS = 5000
-#: The end-to-end configuration with the columnar tier (``columnar: true``; 1 process, 1 lane, JSON).
-COLUMNAR = "lanes=1, columnar"
+#: The end-to-end configuration by rows (``columnar: false``; 1 process, 1 lane, JSON): the default
+#: configuration (``lanes=1``) has the columnar tier, this one measures the row path beside it.
+ROWS = "lanes=1, rows"
 COLUMNS = {
     "event_id": {"type": "bigint", "source": "$.id", "required": True},
     "user_id": {"type": "bigint", "source": "$.user"},
@@ -197,9 +202,10 @@ def naive(bootstrap: str, topic: str, dsn: str, mapper: Mapper, n: int) -> float
 
 
 def e2e_config(bootstrap: str, topic: str, dsn: str, table: str, lanes: int, registry_url: str | None = None,
-               fmt: str = "avro", columns: dict | None = None, columnar: bool = False) -> dict:
+               fmt: str = "avro", columns: dict | None = None, columnar: bool | None = None) -> dict:
     """The end-to-end configuration; with ``registry_url``, the same one reading ``fmt`` (``avro`` or
-    ``protobuf``; schemas from that Schema Registry); ``columnar``: with ``columnar: true``."""
+    ``protobuf``; schemas from that Schema Registry); ``columnar``: the ``columnar`` setting (None: unset,
+    the default: the columnar tier wherever it fits)."""
     cfg = {
         "kafka": {"bootstrap_servers": bootstrap, "client": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}},
         "pipelines": [{
@@ -210,8 +216,8 @@ def e2e_config(bootstrap: str, topic: str, dsn: str, table: str, lanes: int, reg
             "dlq": {"kind": "postgres", "table": "bench_dlq"},
         }],
     }
-    if columnar:
-        cfg["pipelines"][0]["columnar"] = True
+    if columnar is not None:
+        cfg["pipelines"][0]["columnar"] = columnar
     if registry_url is not None:
         cfg["schema_registry"] = {"url": registry_url}
         cfg["pipelines"][0]["format"] = fmt
@@ -284,7 +290,7 @@ def run_command(path: Path, processes: int, summary: Path | None = None) -> list
 
 
 def idle_cpu_s(bootstrap: str, dsn: str, lanes: int, processes: int, registry_url: str | None = None,
-               fmt: str = "avro", columns: dict | None = None, columnar: bool = False) -> float:
+               fmt: str = "avro", columns: dict | None = None, columnar: bool | None = None) -> float:
     """CPU-seconds of ``ingest run`` (its own processes only) on an empty topic: start-up, group join
     and the idle wait, which the end-to-end runs also pay; subtracted to give ingest's CPU per record."""
     topic = f"bench-idle-{uuid.uuid4().hex[:8]}"
@@ -301,10 +307,10 @@ def idle_cpu_s(bootstrap: str, dsn: str, lanes: int, processes: int, registry_ur
 
 def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int = 1,
                registry_url: str | None = None, fmt: str = "avro", tag: str = "", columns: dict | None = None,
-               columnar: bool = False) -> dict:
+               columnar: bool | None = None) -> dict:
     """``ingest run`` of ``topic`` (``fmt``, Avro or Protobuf, with ``registry_url``; else JSON) into a fresh
-    table (``tag`` in its name: another stream's table); ``columnar``: with ``columnar: true``."""
-    tag += "_columnar" if columnar else ""
+    table (``tag`` in its name: another stream's table); ``columnar``: the ``columnar`` setting (None: unset)."""
+    tag += "_rows" if columnar is False else ""
     table = (f"bench_e2e{tag}_{lanes}_{processes}" if registry_url is None
              else f"bench_e2e_{fmt}{tag}_{lanes}_{processes}")
     make_table(dsn, table, keyed=True, columns=columns)
@@ -338,7 +344,7 @@ def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int 
 def print_targets(e2e: dict[str, list[dict]], e_med: dict[str, float], configs: list[tuple[str, int, int]],
                   poison_label: str, poison_runs: list[dict], a_med: float, b_med: float, cpu_a: float, cpu_b: float,
                   cores: int, idle: dict[str, float], n: int, rounds: int,
-                  columnar_poison_runs: list[dict] | None = None) -> dict:
+                  rows_poison_runs: list[dict] | None = None) -> dict:
     """The hot-path targets (medians of the rounds, every baseline from this run): one process with the
     default settings against min(a, b), ``--processes`` against b (beside the machine's CPU cap), ingest's
     own CPU per record, the poison stream against the clean one; returned for ``--json``."""
@@ -348,7 +354,8 @@ def print_targets(e2e: dict[str, list[dict]], e_med: dict[str, float], configs: 
                  "own_cpu_us_per_record": own_us}
     cap = records_cap(cores, cpu_a + cpu_b)
     print(f"\ntargets (medians of {rounds} rounds; a, b and the cap measured in this run):")
-    print(f"  1 process ({one}): e / min(a,b) = {out['one_process_vs_min_ab']:.2f}   (target >= 0.9)")
+    print(f"  1 process ({one}): e / min(a,b) = {out['one_process_vs_min_ab']:.2f}   (target >= 0.9); "
+          f"{paths(e2e[one])}")
     multi = [label for label, _, processes in configs if processes > 1]
     if multi:
         best = max(multi, key=e_med.__getitem__)
@@ -356,29 +363,45 @@ def print_targets(e2e: dict[str, list[dict]], e_med: dict[str, float], configs: 
         print(f"  {best}: e / b = {out['processes_vs_b']:.2f}   (target >= 1.2; this machine's CPU caps e at "
               f"{cores} / ({cpu_a:.1f} + {cpu_b:.1f}) us = {cap:,.0f} records/s = {cap / b_med:.2f} x b)")
     print(f"  ingest's own CPU per record, {one}: {own_us:.2f} us   (target <= 4)")
+    out["columnar_share"] = min(r["columnar_share"] or 0.0 for r in e2e[one])
     if poison_runs:
         poison_med = statistics.median(r["rate"] for r in poison_runs)
-        hits = min(r["hit_rate"] for r in poison_runs)
-        typed = min(r["typed_hit_rate"] or 0.0 for r in poison_runs)
-        out.update(poison_rate=poison_med, poison_vs_clean=poison_med / e_med[one], poison_hit_rate=hits,
-                   poison_typed_hit_rate=typed)
+        out.update(poison_rate=poison_med, poison_vs_clean=poison_med / e_med[one],
+                   poison_columnar_share=min(r["columnar_share"] or 0.0 for r in poison_runs))
         print(f"  0.1 % poison stream, {one}: {poison_med:,.0f} records/s, poison / clean = "
-              f"{out['poison_vs_clean']:.2f}   (target >= 0.8); fast path {hits * 100:.2f} % (typed {typed * 100:.2f} %), "
+              f"{out['poison_vs_clean']:.2f}   (target >= 0.8); {paths(poison_runs)}, "
               f"{poison_runs[0]['dead_lettered']} dead letters = the poison records")
-    if COLUMNAR in e2e:
-        col_own = statistics.median((r["process_cpu_s"] - idle[COLUMNAR]) / n * 1e6 for r in e2e[COLUMNAR])
-        out.update(columnar_vs_min_ab=e_med[COLUMNAR] / min(a_med, b_med), columnar_own_cpu_us_per_record=col_own,
-                   columnar_share=min(r["columnar_share"] for r in e2e[COLUMNAR]))
-        print(f"  columnar tier ({COLUMNAR}): e / min(a,b) = {out['columnar_vs_min_ab']:.2f}, own CPU "
-              f"{col_own:.2f} us per record; {out['columnar_share'] * 100:.2f} % of the records written columnar")
-        if columnar_poison_runs:
-            rate = statistics.median(r["rate"] for r in columnar_poison_runs)
-            share = min(r["columnar_share"] for r in columnar_poison_runs)
-            out.update(columnar_poison_vs_clean=rate / e_med[COLUMNAR], columnar_poison_share=share)
-            print(f"  0.1 % poison stream, {COLUMNAR}: {rate:,.0f} records/s, poison / clean = "
-                  f"{out['columnar_poison_vs_clean']:.2f}; {share * 100:.2f} % written columnar, "
-                  f"{columnar_poison_runs[0]['dead_lettered']} dead letters = the poison records")
+    if ROWS in e2e:
+        rows_own = statistics.median((r["process_cpu_s"] - idle[ROWS]) / n * 1e6 for r in e2e[ROWS])
+        out.update(rows_vs_min_ab=e_med[ROWS] / min(a_med, b_med), rows_own_cpu_us_per_record=rows_own,
+                   rows_hit_rate=min(r["hit_rate"] or 0.0 for r in e2e[ROWS]))
+        print(f"  row path ({ROWS}): e / min(a,b) = {out['rows_vs_min_ab']:.2f}, own CPU {rows_own:.2f} us per "
+              f"record; {paths(e2e[ROWS])}; {one} / row path = x{e_med[one] / e_med[ROWS]:.2f} records/s")
+        if rows_poison_runs:
+            rate = statistics.median(r["rate"] for r in rows_poison_runs)
+            out.update(rows_poison_vs_clean=rate / e_med[ROWS])
+            print(f"  0.1 % poison stream, {ROWS}: {rate:,.0f} records/s, poison / clean = "
+                  f"{out['rows_poison_vs_clean']:.2f}; {paths(rows_poison_runs)}, "
+                  f"{rows_poison_runs[0]['dead_lettered']} dead letters = the poison records")
     return out
+
+
+def paths(runs: list[dict]) -> str:
+    """Which path the runs' records took (the worst run): the share written by the columnar tier, or,
+    by rows, the fast path's and the typed tier's hit rates."""
+    share = min(r["columnar_share"] or 0.0 for r in runs)
+    if any(r["columnar_share"] for r in runs):
+        return f"written columnar {share * 100:.2f} %"
+    hits = [r["hit_rate"] for r in runs if r.get("hit_rate") is not None]
+    if not hits:
+        return "no records mapped"
+    typed = [r["typed_hit_rate"] for r in runs if r.get("typed_hit_rate") is not None]
+    return f"fast path {min(hits) * 100:.2f} %" + (f" (typed {min(typed) * 100:.2f} %)" if typed else "")
+
+
+def _setting(label: str) -> bool | None:
+    """The ``columnar`` setting of a configuration: false for the row path's, else unset (the default)."""
+    return False if label == ROWS else None
 
 
 def best_and_median(values: list[float]) -> tuple[float, float]:
@@ -443,8 +466,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the figures as JSON to this file")
     ap.add_argument("--no-wide", action="store_true",
                     help="skip the wide stream (16 columns, ~760 B, nested; end to end, 1 process, first of --lanes)")
-    ap.add_argument("--no-columnar", action="store_true",
-                    help=f"skip the columnar tier's configuration ({COLUMNAR}: 1 process; JSON only)")
+    ap.add_argument("--no-rows", action="store_true",
+                    help=f"skip the row path's configuration ({ROWS}, columnar: false; 1 process; JSON only)")
     ap.add_argument("--no-poison", action="store_true",
                     help="skip the 0.1 %%-poison stream (end to end, 1 process, lanes as the first of --lanes)")
     args = ap.parse_args()
@@ -500,8 +523,8 @@ def main() -> None:
         if args.processes > 1:
             configs += [(f"processes={args.processes}, lanes={lanes}", lanes, args.processes)
                         for lanes in args.process_lanes]
-        if formats == ["json"] and not args.no_columnar:
-            configs.append((COLUMNAR, 1, 1))
+        if formats == ["json"] and not args.no_rows:
+            configs.append((ROWS, 1, 1))
         # One round measures everything once, so that a slow spell of this shared machine
         # hits every measure of that round rather than one measure of the whole run.
         rates: dict[str, list[float]] = {}
@@ -512,7 +535,7 @@ def main() -> None:
         #: the poison stream, end to end in the first (default) configuration, right after its clean run
         poison_label = configs[0][0]
         poison_runs: list[dict] = []
-        columnar_poison_runs: list[dict] = []
+        rows_poison_runs: list[dict] = []
         wide_runs: list[dict] = []
         for rnd in range(args.rounds):
             records, win_a = consume_all(bootstrap, topic, n)
@@ -532,13 +555,13 @@ def main() -> None:
                 shift = rnd % len(formats)
                 for fmt in formats[shift:] + formats[:shift]:
                     by_format[fmt][label].append(end_to_end(bootstrap, topics[fmt], dsn, lanes, processes,
-                                                            urls[fmt], fmt, columnar=label == COLUMNAR))
-                if label == COLUMNAR and poison_topic is not None:
-                    columnar_poison_runs.append(end_to_end(bootstrap, poison_topic, dsn, lanes, processes,
-                                                           tag="_poison", columnar=True))
-                    if columnar_poison_runs[-1]["dead_lettered"] != poison_count(n):
-                        raise SystemExit(f"the poison stream (columnar) dead-lettered "
-                                         f"{columnar_poison_runs[-1]['dead_lettered']} records, expected {poison_count(n)}")
+                                                            urls[fmt], fmt, columnar=_setting(label)))
+                if label == ROWS and poison_topic is not None:
+                    rows_poison_runs.append(end_to_end(bootstrap, poison_topic, dsn, lanes, processes,
+                                                       tag="_poison", columnar=False))
+                    if rows_poison_runs[-1]["dead_lettered"] != poison_count(n):
+                        raise SystemExit(f"the poison stream (by rows) dead-lettered "
+                                         f"{rows_poison_runs[-1]['dead_lettered']} records, expected {poison_count(n)}")
                 if label == poison_label and poison_topic is not None:
                     poison_runs.append(end_to_end(bootstrap, poison_topic, dsn, lanes, processes, tag="_poison"))
                     if poison_runs[-1]["dead_lettered"] != poison_count(n):
@@ -554,7 +577,7 @@ def main() -> None:
                               for fmt in formats for k, v in by_format[fmt].items()), flush=True)
         d = args.naive_records / naive(bootstrap, topic, dsn, mapper, args.naive_records)
         idles = {fmt: {label: idle_cpu_s(bootstrap, dsn, lanes, processes, urls[fmt], fmt,
-                                         columnar=label == COLUMNAR)
+                                         columnar=_setting(label))
                        for label, lanes, processes in configs} for fmt in formats}
         idle = idles[primary]
 
@@ -578,13 +601,7 @@ def main() -> None:
             extra = f"   peak RSS {rss / 2**20:.0f} MiB" if rss else ""
             if staggers:
                 extra += f", first records {min(staggers):.2f}-{max(staggers):.2f} s apart (group join)"
-            hits = [r["hit_rate"] for r in runs if r.get("hit_rate") is not None]
-            if label == COLUMNAR:
-                extra += f", written columnar {min(r['columnar_share'] for r in runs) * 100:.2f} %"
-            elif hits:
-                extra += f", fast path {min(hits) * 100:.2f} %"
-                typed = [r["typed_hit_rate"] for r in runs if r.get("typed_hit_rate") is not None]
-                extra += f" (typed {min(typed) * 100:.2f} %)" if typed else ""
+            extra += f", {paths(runs)}"
             cpus = [r["cpu_us"] for r in runs if r.get("cpu_us")]
             if cpus:
                 extra += f", machine CPU {statistics.median(cpus):.1f} us/record"
@@ -616,7 +633,7 @@ def main() -> None:
                   f"-> at most {cores} / {cpu_e:.1f} us = {cap_e:,.0f} records/s here, "
                   f"= {cap_e / min(a, b):.2f} x min(a,b);   e / that cap = {best / cap_e:.2f}")
         targets = print_targets(e2e, e_med, configs, poison_label, poison_runs, a_med, b_med, cpu_a, cpu_b, cores,
-                                idle, n, args.rounds, columnar_poison_runs)
+                                idle, n, args.rounds, rows_poison_runs)
         if wide_runs:
             lanes, processes = configs[0][1], configs[0][2]
             wide_idle = idle_cpu_s(bootstrap, dsn, lanes, processes, columns=WIDE_COLUMNS)
