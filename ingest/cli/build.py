@@ -104,16 +104,18 @@ def build_pipeline(settings: Settings, p: PipelineSettings, *, stop: threading.E
     exactly_once = backend.exactly_once_writer(sink, p, dlq) if offset_store is not None else None
     decoder = build_decoder(p, settings.schema_registry)
     key_decoder = build_decoder(p, settings.schema_registry, "key")
+    # One mapper: the accept loop's, and the columnar tier's for the records it leaves to rows (so the
+    # run's fast-path statistics count those too).
+    mapper = mapper_for(p, decoder=decoder, key_decoder=key_decoder)
     columnar = columnar_tier(p, sink, columnar_capable=backend.capabilities.columnar,
-                             exactly_once=exactly_once is not None,
-                             mapper=lambda: mapper_for(p, decoder=decoder, key_decoder=key_decoder))
+                             exactly_once=exactly_once is not None, mapper=lambda: mapper)
     writer = BatchWriter(pipeline=p.name, write=sink.write, dlq=dlq, retry=p.retry,
                          collapse_rule=p.collapse_rule(), abort=abort, exactly_once=exactly_once,
                          insert_tokens=backend.capabilities.insert_tokens, columnar=columnar)
     source_factory = functools.partial(KafkaSource, settings.kafka, p.effective_group_id, list(p.topics))
     pipeline = Pipeline(
         p, source_factory=source_factory, writer=writer, stop=stop, abort=abort, options=options,
-        decoder=decoder, key_decoder=key_decoder,
+        decoder=decoder, key_decoder=key_decoder, mapper=mapper,
         metrics=metrics.pipeline(p.name) if metrics is not None else None,
         offset_store=offset_store, scheduler=(schedulers or {}).get(sink_identity(p)),
     )

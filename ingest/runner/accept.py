@@ -158,13 +158,18 @@ class Acceptor:
         if run:
             tracker.track_many(tp, run)
         self._settle(skipped)
-        self._stats.fast_path_misses = self._mapper.fast_misses - self._misses_before
         self._mapper.review_typed(len(records))
-        self._stats.typed_misses = self._mapper.typed_misses - self._typed_misses_before
+        self.count_misses()
         for lane, items in enumerate(lane_items):
             if items:
                 self._stats.records_mapped += len(items)
                 self._batching.buffer(lane, items, lane_sizes[lane], now_ms)
+
+    def count_misses(self) -> None:
+        """Bring the run's fast-path and typed-tier miss counts up to date (the mapper's since this run
+        began; a batch-mapped pipeline maps after its records were accepted: call again then)."""
+        self._stats.fast_path_misses = self._mapper.fast_misses - self._misses_before
+        self._stats.typed_misses = self._mapper.typed_misses - self._typed_misses_before
 
     def _settle(self, skipped: list[tuple[Partition, int, int]]) -> None:
         """Mark the records handled without a row ``(tp, offset, epoch)`` done at once, a run at a time."""
@@ -208,6 +213,7 @@ class Acceptor:
         self._sample_keys(items)
         self._settle(skipped)
         self._mapper.review_typed(len(records))
+        self.count_misses()
         if items:
             self._stats.records_mapped += len(items)
             self._batching.buffer(0, items, sizes, now_ms)

@@ -55,11 +55,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ingest.cdc.mapper import mapper_for
+from ingest.cdc.mapper import ChangeMapper, mapper_for
 from ingest.config import PipelineSettings
 from ingest.core.batcher import FlushReason
 from ingest.core.dlq_guard import DlqGuard
 from ingest.core.hotkeys import LaneLoad
+from ingest.core.mapping import Mapper
 from ingest.core.offsets import OffsetTracker
 from ingest.errors import FatalPipelineError, TransientError
 from ingest.formats.base import Decoder, prepare_all
@@ -112,6 +113,7 @@ class Pipeline:
         lanes: LanePool | None = None,
         decoder: Decoder | None = None,
         key_decoder: Decoder | None = None,
+        mapper: Mapper | ChangeMapper | None = None,
         metrics: PipelineMetrics | None = None,
         offset_store: OffsetStore | None = None,
         scheduler: WriteScheduler | None = None,
@@ -153,7 +155,7 @@ class Pipeline:
         self._batching = LaneBatchers(settings.lanes, settings.batch, pool=self._lanes, flow=self._flow,
                                       stats=self.stats, metrics=self.metrics, clock=clock)
         #: maps, tracks and routes each polled chunk (the hot path)
-        self._acceptor = Acceptor(settings, mapper_for(settings, decoder=decoder, key_decoder=key_decoder),
+        self._acceptor = Acceptor(settings, mapper or mapper_for(settings, decoder=decoder, key_decoder=key_decoder),
                                   tracker=self._tracker, batching=self._batching, load=self._load, stats=self.stats,
                                   metrics=self.metrics, deterministic=offset_store is not None,
                                   defer_mapping=writer.maps_in_lane)
@@ -316,6 +318,7 @@ class Pipeline:
             log.error("batch failed", extra={"pipeline": self.settings.name, "lane": c.lane, "error": str(c.error)})
             return
         self.stats.count(c, self.metrics)
+        self._acceptor.count_misses()  # a batch-mapped pipeline's records were mapped for this batch
         trip = self._guard.observe(c.records, sum(c.dead_lettered.values()))
         for (tp, epoch), offsets in c.done.items():
             self._tracker.done_many(tp, offsets, epoch)
