@@ -25,6 +25,7 @@ thread plans the next batch while the lane waits for the server.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import itertools
 import logging
@@ -138,6 +139,8 @@ class BatchWriter:
         self._rule = collapse_rule
         self._abort = abort
         self._exactly_once = exactly_once
+        self._dlq_lock = threading.Lock()
+        self._dlq_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     @property
     def maps_in_lane(self) -> bool:
@@ -257,7 +260,11 @@ class BatchWriter:
         item mapped by rows and written by the row path instead (see ingest.runner.columnar)."""
         tier = self._columnar
         assert tier is not None
+        failures = [DlqEntry(self._pipeline, item.record, failure) for item, failure in planned.poison]
         with self._writing(grant, result, scheduled):
+            # The poison records go to the DLQ while the rows are written: two commits at once, not
+            # one after the other (the lane is a columnar pipeline's bottleneck).
+            dead_lettered = self._dlq_writes().submit(self._dead_letter, failures, retries) if failures else None
             try:
                 tier.write(planned.table)
                 written = True
@@ -265,15 +272,25 @@ class BatchWriter:
                 written = False
                 log.info("columnar write failed (%s); writing the batch by rows", type(exc).__name__,
                          extra={"pipeline": self._pipeline, "error_class": getattr(exc, "error_class", None)})
-        if not written:
-            failures, groups = self.plan([tier.map_item(item) for item in items])
-            return self._handle_at_least_once(failures, groups, result, retries, grant, scheduled)
+            finally:
+                if dead_lettered is not None:
+                    dead_lettered.result()  # durable, or the DLQ's error (retries spent): the batch fails
+        if not written:  # by rows, but for the poison records already in the DLQ
+            poisoned = {id(item) for item, _ in planned.poison}
+            rest, groups = self.plan([tier.map_item(item) for item in items if id(item) not in poisoned])
+            return failures + self._handle_at_least_once(rest, groups, result, retries, grant, scheduled)
         result.write_calls = 1
         result.rows_written = planned.table.num_rows
         result.columnar_records = len(items)
-        failures = [DlqEntry(self._pipeline, item.record, failure) for item, failure in planned.poison]
-        self._dead_letter(failures, retries)
         return failures
+
+    def _dlq_writes(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The thread that writes a columnar batch's poison records while its lane writes the rows."""
+        with self._dlq_lock:
+            if self._dlq_pool is None:
+                self._dlq_pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix=f"{self._pipeline}-dlq")
+            return self._dlq_pool
 
     def _dead_letter(self, failures: list[DlqEntry], retries: list[int]) -> None:
         """``failures`` into the DLQ, retried on transient errors; returns once they are durable."""

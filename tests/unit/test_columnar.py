@@ -246,6 +246,37 @@ def test_a_columnar_write_that_raises_is_written_by_rows_instead():
     assert [(e.record.offset, e.failure.stage) for e in dlq.entries] == [(1, "decode")]
 
 
+def test_poison_goes_to_the_dlq_while_the_rows_are_written():
+    """The two commits overlap: each side waits (bounded) to see the other one started."""
+    dlq_started, write_started = threading.Event(), threading.Event()
+    seen = {}
+
+    class _SlowDlq(_Dlq):
+        def put(self, entries) -> None:
+            dlq_started.set()
+            seen["write while the dlq put"] = write_started.wait(5)
+            super().put(entries)
+
+    def columnar_write(table) -> None:
+        write_started.set()
+        seen["dlq put while the write"] = dlq_started.wait(5)
+
+    dlq = _SlowDlq()
+    done = _writer(columnar_write, [], dlq).handle(0, _unmapped(RAW), "size")
+    assert done.error is None and done.columnar_records == 4
+    assert seen == {"write while the dlq put": True, "dlq put while the write": True}
+    assert [(e.record.offset, e.failure.stage) for e in dlq.entries] == [(1, "decode")]
+
+
+def test_a_dlq_that_keeps_failing_fails_the_columnar_batch():
+    class _DownDlq(_Dlq):
+        def put(self, entries) -> None:
+            raise TransientError("dlq down", error_class="connection")
+
+    done = _writer(lambda table: None, [], _DownDlq()).handle(0, _unmapped(RAW), "size")
+    assert done.error is not None and not done.done  # nothing of the batch may be committed
+
+
 def test_a_batch_the_tier_declines_is_mapped_by_rows_when_it_is_prepared():
     rows, dlq = [], _Dlq()
     writer = _writer(lambda table: pytest.fail("a declined batch reached the columnar write"), rows, dlq)
