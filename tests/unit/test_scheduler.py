@@ -143,11 +143,15 @@ def test_slots_never_exceeded_under_contention(slots: int) -> None:
     grants = 0
     errors: list[BaseException] = []
     threads_n, rounds = 12, 40
+    # Every worker starts contending at once: on a loaded machine the threads start far apart, and a
+    # worker could finish its rounds before the next one started (then the budget is never filled).
+    start = threading.Barrier(threads_n)
 
     def worker(i: int) -> None:
         nonlocal holders, peak, grants
         rng = random.Random(i)
         try:
+            start.wait(30)
             for _ in range(rounds):
                 with sched.slot(f"p{i % 3}", rng.choice((0, 5, 10))):
                     with lock:
