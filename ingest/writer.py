@@ -261,12 +261,16 @@ class BatchWriter:
         tier = self._columnar
         assert tier is not None
         failures = [DlqEntry(self._pipeline, item.record, failure) for item, failure in planned.poison]
+        kwargs = {}
+        if self._pass_token:  # the records behind the rows: the row path's token for the same rows
+            poisoned = {id(item) for item, _ in planned.poison}
+            kwargs["token"] = dedup_token(self._pipeline, (item for item in items if id(item) not in poisoned))
         with self._writing(grant, result, scheduled):
             # The poison records go to the DLQ while the rows are written: two commits at once, not
             # one after the other (the lane is a columnar pipeline's bottleneck).
             dead_lettered = self._dlq_writes().submit(self._dead_letter, failures, retries) if failures else None
             try:
-                tier.write(planned.table)
+                tier.write(planned.table, **kwargs)
                 written = True
             except Exception as exc:  # noqa: BLE001 - the row path retries, isolates and classifies
                 written = False

@@ -20,8 +20,9 @@ The tier turns itself off for good when more than ``MAX_DECLINED_SHARE`` of the 
 column reads, nested values...); it is logged at ``info``.
 
 :func:`columnar_tier` decides whether a pipeline can have the tier at all (at least once, one
-lane, JSON, a sink that declares the ``columnar`` capability, the last record of a key wins); a
-pipeline that can has it unless its configuration says ``columnar: false``.
+lane, JSON, a sink that declares the ``columnar`` capability and takes the plan's columns, the last
+or highest-version record of a key wins); a pipeline that can has it unless its configuration says
+``columnar: false``.
 """
 
 from __future__ import annotations
@@ -60,11 +61,12 @@ class ColumnarTier:
     """A pipeline's columnar tier: its plan, its sink's columnar write and the row mapper.
     Thread-safe (its review counters are locked)."""
 
-    def __init__(self, pipeline: str, plan: ColumnarPlan, write: Callable[[Any], None],
+    def __init__(self, pipeline: str, plan: ColumnarPlan, write: Callable[..., None],
                  map_record: Callable[[Record], tuple[tuple[Any, ...], bytes | None]]) -> None:
         self._pipeline = pipeline
         self._plan = plan
-        #: ``write(table)``: the sink's columnar write (raises like ``Sink.write``)
+        #: ``write(table, token=None)``: the sink's columnar write (raises like ``Sink.write``; ``token``
+        #: as there: the insert token of the records behind the rows, for sinks that take one)
         self.write = write
         self._map = map_record
         self._lock = threading.Lock()
@@ -140,21 +142,26 @@ def columnar_tier(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exa
         why = "it reads plain JSON values only"
     elif p.has_deletes:
         why = "a pipeline whose records delete writes by rows"
-    elif rule.key_index is not None and (rule.keep != "last" or rule.version_index is not None):
-        why = "its collapse rule is not 'the last record of a key wins'"
+    elif rule.key_index is not None and (rule.keep != "last" or rule.merge_deletes):
+        why = "its collapse rule is not 'the last (or highest-version) record of a key wins'"
     elif importlib.util.find_spec("pyarrow") is None:
         why = "pyarrow is not installed (pip install 'ingest[columnar]')"
     plan = None
     if why is None:
         row_mapper = mapper()
-        plan = row_mapper.columnar_plan(rule.key_index)
+        plan = row_mapper.columnar_plan(rule.key_index, rule.version_index)
         if plan is None:
             why = ("a column reads something other than one top-level key or @topic/@partition/@offset/"
-                   "@timestamp/@stream, has a default, or is not an integer, text, numeric or timestamp column")
+                   "@timestamp/@stream, has a default, or is not an integer, text, numeric/decimal or timestamp "
+                   "column, or the version column is not an integer column")
+        else:
+            try:
+                sink.use_columnar(plan.columns)
+            except ValueError as exc:  # the sink cannot write these columns (or this table) by columns
+                why = str(exc)
     if why is not None or plan is None:
         log.log(logging.WARNING if p.columnar else logging.DEBUG, "pipeline %r: columnar batches are off: %s",
                 p.name, why)
         return None
-    sink.use_columnar(plan.columns)
     _use_system_allocator()
     return ColumnarTier(p.name, plan, sink.write_columns, row_mapper.map)

@@ -60,7 +60,8 @@ def _ch_date(v: Any) -> date:
 
 _ONE_MICRO = timedelta(microseconds=1)
 _CH_DT64_MIN_MS = (_CH_DT64_MIN - _EPOCH_AWARE) // timedelta(milliseconds=1)
-_CH_DT64_MAX_MS = (_CH_DT64_MAX - _EPOCH_AWARE) // timedelta(milliseconds=1)
+#: The last epoch millisecond a DateTime64 holds (2299-12-31 23:59:59.999 UTC).
+CH_DT64_MAX_MS = _CH_DT64_MAX_MS = (_CH_DT64_MAX - _EPOCH_AWARE) // timedelta(milliseconds=1)
 
 
 def _ch_datetime64(precision: int) -> Coercer:

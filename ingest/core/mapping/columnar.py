@@ -14,20 +14,26 @@ timestamp columns -- :class:`ColumnarPlan` does that work per batch instead:
    it holds, its integer range, NUL characters, missing required values) and every record that
    fails a check, or that the decoder refused, is *rejected*: handed to the row mapper, which
    alone decides poison;
-3. the rows of one key collapse to the last one (the sink's ``ON CONFLICT DO UPDATE`` rule).
+3. the rows of one key collapse to the last one (the sink's ``ON CONFLICT DO UPDATE`` rule), or
+   with a version column (ClickHouse's ``ReplacingMergeTree(version)``) to the highest version,
+   ties to the last.
 
-Conversions the row mapper does in Python are left to the database, on values that carry the
-same information: a JSON float for a ``numeric`` column is staged as the shortest text that
-round-trips it (Arrow's CSV writer writes exactly the digits of ``float_decimal``), epoch
-milliseconds as an integer that the upsert adds to the epoch (see
-:mod:`ingest.sinks.postgres.columnar`).
+Each column is staged as a :class:`StagedColumn` says (:func:`pg_staged`, :func:`ch_staged`), and
+the sink converts the staged columns into its own types. Conversions the row mapper does in
+Python are left to the sink, on values that carry the same information: PostgreSQL gets a JSON
+float for a ``numeric`` column as the shortest text that round-trips it (Arrow's CSV writer writes
+exactly the digits of ``float_decimal``) and rounds it itself, epoch milliseconds as an integer
+that the upsert adds to the epoch (see :mod:`ingest.sinks.postgres.columnar`); ClickHouse gets
+only decimals that need no rounding, and multiplies epoch milliseconds to its ``DateTime64``
+ticks in Arrow (:meth:`ingest.sinks.clickhouse.sink.ClickHouseSink.write_columns`).
 
 Contract of :meth:`ColumnarPlan.build`: for the records it accepts, the table's rows are the rows
 the row mapper returns for them (the same values once the database has converted them), collapsed
 as :func:`ingest.core.collapse.collapse` would; every other record is listed in ``rejected``.
 ``None`` declines the whole batch (a tombstone, a republished record, a newline in a value). The
-differential tests in ``tests/unit/test_columnar.py`` (pure) and
-``tests/integration/test_columnar_pg.py`` (the database's values) hold it to that.
+differential tests hold it to that: ``tests/unit/test_columnar.py`` and
+``tests/unit/test_columnar_ch_plan.py`` (pure, each dialect), ``tests/integration/test_columnar_pg.py``
+and ``tests/integration/test_columnar_ch.py`` (the databases' values).
 
 Pure logic, no I/O; pyarrow is imported only when a plan is made.
 """
@@ -39,6 +45,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ingest.core.dialects import ChType
+from ingest.core.mapping.coerce_ch import CH_DT64_MAX_MS
 from ingest.core.mapping.fastmap import (
     EXACT_FROMTIMESTAMP_MS,
     STREAM_ID_MAX,
@@ -63,6 +71,9 @@ _METADATA: dict[str, Callable[[Record], Any]] = {
     "@timestamp": operator.attrgetter("timestamp_ms"),
 }
 
+#: The signed 64-bit range of the tier's integer arrays (the typed decoder refuses integers beyond it).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 #: The Python types a column of each kind may hold (None: missing or null).
 _TYPES = {"int": {int}, "text": {str}, "decimal": {float}, "epoch_ms": {int}}
 
@@ -75,12 +86,76 @@ _NONE = type(None)
 
 @dataclass(frozen=True, slots=True)
 class StagedColumn:
-    """One sink column as the tier stages it: its kind and, for ``epoch_ms``, whether the column is
-    ``timestamptz`` (aware) or ``timestamp``."""
+    """One sink column as the tier stages it, and the checks its values must pass (the rest go to the
+    row mapper).
+
+    ``kind``: one of :data:`KINDS`. ``lo``/``hi``: the accepted range of an ``int`` or ``epoch_ms``
+    column. ``aware``: an ``epoch_ms`` column is ``timestamptz`` (PostgreSQL). ``forbid_nul``: a
+    ``text`` value may not hold NUL (PostgreSQL text cannot; ClickHouse strings can). ``scale`` and
+    ``max_abs``: a ``decimal`` column whose sink does not round (ClickHouse): only floats whose
+    shortest digits have at most ``scale`` decimals and whose magnitude is below ``max_abs`` -- the
+    values the row mapper takes without rounding, digit for digit. ``None``: the sink rounds as the
+    row mapper does (PostgreSQL's ``numeric(p,s)``), every finite float is staged."""
 
     name: str
     kind: str
     aware: bool = False
+    lo: int | None = None
+    hi: int | None = None
+    forbid_nul: bool = True
+    scale: int | None = None
+    max_abs: float | None = None
+
+
+def pg_staged(name: str, col: FastColumn, full_type: str) -> StagedColumn | None:
+    """How the tier stages a PostgreSQL column (``full_type``: the mapper's normalised type), or None
+    when it cannot (then no plan is made)."""
+    kind = ColumnarPlan.supports(col)
+    if kind is None or (kind == "decimal" and "(" not in full_type):
+        # an unconstrained numeric keeps the digits' own scale: Arrow writes 967.0 as "967"
+        return None
+    lo = hi = None
+    if kind == "int":
+        _, lo, hi = col.inline  # type: ignore[misc]
+    elif kind == "epoch_ms":
+        # Only the range where the database's millisecond arithmetic is exact in a double (and
+        # ``fromtimestamp`` agrees): beyond it, the row mapper.
+        lo, hi = max(col.inline[2], 0), min(col.inline[3], EXACT_FROMTIMESTAMP_MS - 1)  # type: ignore[index]
+    return StagedColumn(name, kind, aware=full_type.startswith("timestamptz"), lo=lo, hi=hi,
+                        forbid_nul=bool(col.inline[1]) if kind == "text" else True)  # type: ignore[index]
+
+
+def ch_staged(name: str, col: FastColumn, t: ChType) -> StagedColumn | None:
+    """How the tier stages a ClickHouse column of type ``t``, or None when it cannot: integers,
+    ``String``, ``Decimal(P, S)`` (values that need no rounding, see :class:`StagedColumn`) and
+    ``DateTime64(p)`` from epoch milliseconds, each possibly ``Nullable``/``LowCardinality``. The
+    sink turns the staged columns into its own Arrow types
+    (:meth:`~ingest.sinks.clickhouse.sink.ClickHouseSink.use_columnar`)."""
+    if col.default is not None:
+        return None
+    while t.kind in ("nullable", "lowcardinality") and t.inner is not None:
+        t = t.inner
+    if t.kind == "decimal":
+        kind = "decimal"
+    elif t.kind == "datetime64":
+        kind = "epoch_ms"
+    else:
+        kind = col.inline[0] if col.inline else None
+        if kind not in ("int", "text"):
+            return None
+    if col.doc_key is None and not (col.metadata in _METADATA or (col.metadata == "@stream" and kind == "int")):
+        return None
+    if kind == "int":
+        _, lo, hi = col.inline  # type: ignore[misc]
+        if col.metadata == "@stream" and not (lo <= STREAM_ID_MIN and hi >= STREAM_ID_MAX):
+            return None
+        return StagedColumn(name, kind, lo=max(lo, INT64_MIN), hi=min(hi, INT64_MAX))
+    if kind == "text":
+        return StagedColumn(name, kind, forbid_nul=False)
+    if kind == "decimal":
+        # as the row mapper's exact branch (coerce_ch._ch_decimal): |v| < 10**(P-S) / 10
+        return StagedColumn(name, kind, scale=t.scale, max_abs=float(10 ** (t.precision - t.scale)) / 10)
+    return StagedColumn(name, kind, lo=0, hi=CH_DT64_MAX_MS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +173,10 @@ class ColumnarPlan:
     but the memo of stream ids, which any thread may fill."""
 
     def __init__(self, names: Sequence[str], columns: Sequence[FastColumn], kinds: Sequence[StagedColumn],
-                 keys: Sequence[str], key_index: tuple[int, ...] | None) -> None:
+                 keys: Sequence[str], key_index: tuple[int, ...] | None, version_index: int | None = None) -> None:
+        """``key_index``: the positions of the key columns whose rows collapse (None: every row kept);
+        ``version_index``: the position of the version column (an ``int`` column) whose highest value
+        wins a key, ties going to the last record (None: the last record wins)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -108,8 +186,8 @@ class ColumnarPlan:
         self._decode_lines = typed_lines_decoder(keys)
         fields = {key: f"f{j}" for j, key in enumerate(keys)}
         self._stream = memoised_stream_id(stream_id)
-        #: per column: (how to read its values from (docs, records), kind, required, lo, hi, forbid NUL)
-        self._readers: list[tuple[Callable[[list[Any], Sequence[Record]], list[Any]], str, bool, Any, Any]] = []
+        #: per column: (how to read its values from (docs, records), how it is staged, required)
+        self._readers: list[tuple[Callable[[list[Any], Sequence[Record]], list[Any]], StagedColumn, bool]] = []
         for col, staged in zip(columns, kinds, strict=True):
             if col.doc_key is not None:
                 get = operator.attrgetter(fields[col.doc_key])
@@ -119,15 +197,9 @@ class ColumnarPlan:
             else:
                 assert col.metadata in _METADATA, col.metadata
                 reader = _record_reader(_METADATA[col.metadata])
-            lo = hi = None
-            if staged.kind == "int":
-                _, lo, hi = col.inline  # type: ignore[misc]
-            elif staged.kind == "epoch_ms":
-                # Only the range where the database's millisecond arithmetic is exact in a double
-                # (and ``fromtimestamp`` agrees): beyond it, the row mapper.
-                lo, hi = max(col.inline[2], 0), min(col.inline[3], EXACT_FROMTIMESTAMP_MS - 1)  # type: ignore[index]
-            self._readers.append((reader, staged.kind, col.required, lo, hi))
+            self._readers.append((reader, staged, col.required))
         self._key_index = key_index
+        self._version_index = version_index
         # pyarrow imports pandas (when installed) on its first array from a list: at start-up, not in
         # the first batch
         pa.array([0], type=pa.int64())
@@ -182,7 +254,8 @@ class ColumnarPlan:
             docs, rejected = self._decode_each(values)
         arrays = []
         bad = None
-        for reader, kind, required, lo, hi in self._readers:
+        for reader, staged, required in self._readers:
+            kind = staged.kind
             column = reader(docs, records)
             types = set(map(type, column))
             types.discard(_NONE)
@@ -195,12 +268,14 @@ class ColumnarPlan:
             checks = []
             if required and array.null_count:
                 checks.append(pc.is_null(array))
-            if lo is not None:
-                checks.append(pc.or_(pc.less(array, lo), pc.greater(array, hi)))
-            if kind == "text":
+            if staged.lo is not None:
+                checks.append(pc.or_(pc.less(array, staged.lo), pc.greater(array, staged.hi)))
+            if kind == "text" and staged.forbid_nul:
                 checks.append(pc.match_substring(array, "\x00"))
             elif kind == "decimal":
                 checks.append(pc.invert(pc.is_finite(array)))
+                if staged.scale is not None:
+                    checks.append(_needs_rounding(pc, array, staged.scale, staged.max_abs))
             for check in checks:
                 check = pc.fill_null(check, False)
                 bad = check if bad is None else pc.or_(bad, check)
@@ -208,6 +283,8 @@ class ColumnarPlan:
         if bad is not None and pc.any(bad).as_py():
             rejected.update(pc.indices_nonzero(bad).to_pylist())
         table = pa.Table.from_arrays(arrays, names=self._names)
+        if self._version_index is not None and _null_at(table.column(self._version_index), rejected):
+            return None  # a record without a version: the row path decides
         keep = self._survivors(table, n, rejected)
         if keep is not None:
             table = table.take(pa.array(keep, type=pa.int64()))
@@ -232,16 +309,43 @@ class ColumnarPlan:
         return docs, rejected
 
     def _survivors(self, table: Any, n: int, rejected: set[int]) -> list[int] | None:
-        """Row positions to keep: the accepted records, the last of each key (None: every row)."""
+        """Row positions to keep: the accepted records, the winner of each key (None: every row) --
+        the last record, or with a version column the highest version, ties to the last (as
+        :func:`ingest.core.collapse.collapse` orders a group)."""
         if self._key_index is None:
             return None if not rejected else [i for i in range(n) if i not in rejected]
         key_columns = [table.column(i).to_pylist() for i in self._key_index]
         keys = key_columns[0] if len(key_columns) == 1 else list(zip(*key_columns, strict=True))
+        accepted = range(n) if not rejected else [i for i in range(n) if i not in rejected]
+        if self._version_index is not None:
+            versions = table.column(self._version_index).to_pylist()
+            best: dict[Any, int] = {}
+            for i in accepted:
+                j = best.get(keys[i])
+                if j is None or versions[i] >= versions[j]:
+                    best[keys[i]] = i
+            return sorted(best.values())
         if rejected:
-            last = {keys[i]: i for i in range(n) if i not in rejected}
+            last = {keys[i]: i for i in accepted}
         else:
             last = dict(zip(keys, range(n), strict=True))
         return sorted(last.values())
+
+
+def _null_at(array: Any, rejected: set[int]) -> bool:
+    """Whether ``array`` is null anywhere but at the ``rejected`` positions."""
+    if not array.null_count:
+        return False
+    return any(v is None for i, v in enumerate(array.to_pylist()) if i not in rejected)
+
+
+def _needs_rounding(pc: Any, array: Any, scale: int, max_abs: float | None) -> Any:
+    """True where a float's shortest digits (Arrow's cast writes them, as ``repr`` does) are not plain
+    with at most ``scale`` decimals, or its magnitude is not below ``max_abs``: values the row mapper
+    rounds or refuses."""
+    plain = pc.match_substring_regex(pc.cast(array, "string"), f"^-?[0-9]+(\\.[0-9]{{1,{scale}}})?$")
+    small = pc.less(pc.abs(array), max_abs) if max_abs is not None else plain
+    return pc.invert(pc.and_(plain, small))
 
 
 def _framed(joined: bytes, n: int) -> bool:

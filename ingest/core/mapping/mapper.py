@@ -64,7 +64,7 @@ from ingest.config.base import ColumnSpec
 from ingest.core.dialects import ch_type, pg_base_type
 from ingest.core.mapping.coerce_ch import _ch_coercer, _ch_inline
 from ingest.core.mapping.coerce_pg import _coercer_for, _pg_inline
-from ingest.core.mapping.columnar import ColumnarPlan, StagedColumn
+from ingest.core.mapping.columnar import ColumnarPlan, ch_staged, pg_staged
 from ingest.core.mapping.common import (
     Coercer,
     Getter,
@@ -251,33 +251,40 @@ class Mapper:
             if len(steps) == 1 and steps[0][0]:
                 key_doc_key, key_typed = str(steps[0][1]), True
         keys = typed_keys(fast_columns, key_doc_key) if key_typed and self._needs_object else None
-        #: what a columnar plan is made of (:meth:`columnar_plan`): PostgreSQL columns of a typed JSON pipeline
-        self._columnar_source: tuple[list[FastColumn], list[str]] | None = None
+        #: what a columnar plan is made of (:meth:`columnar_plan`): the columns of a typed JSON pipeline,
+        #: the keys it decodes, and their dialect (one for every column)
+        self._columnar_source: tuple[list[FastColumn], list[str], str] | None = None
         if keys is not None and loads is orjson.loads:  # JSON values, every $ source one key: the typed tier
-            if all((dialect or getattr(spec, "dialect", "postgres")) == "postgres" for spec in columns.values()):
-                self._columnar_source = (fast_columns, keys)
+            dialects = {dialect or getattr(spec, "dialect", "postgres") for spec in columns.values()}
+            if len(dialects) == 1:
+                self._columnar_source = (fast_columns, keys, dialects.pop())
             self._fast = compile_typed_map(fast_columns, keys, untyped=self._untyped, key_doc_key=key_doc_key,
                                            key_getter=self._key_getter, render_key=_render_key,
                                            misses=self._typed_misses)
         self._fast_doc = compile_fast_map(fast_columns, needs_json=True, needs_object=self._needs_object,
                                           key_getter=self._key_getter, render_key=_render_key, given_doc=True)
 
-    def columnar_plan(self, key_index: tuple[int, ...] | None) -> ColumnarPlan | None:
+    def columnar_plan(self, key_index: tuple[int, ...] | None,
+                      version_index: int | None = None) -> ColumnarPlan | None:
         """A :class:`~ingest.core.mapping.columnar.ColumnarPlan` for this mapper's columns (rows
-        collapsed to the last of each ``key_index`` key; None: every row kept), or None when the
-        columnar tier cannot map them: not a typed JSON pipeline (see :attr:`typed`), not the
-        PostgreSQL dialect, a column of a kind it does not stage or with a default."""
+        collapsed to the winner of each ``key_index`` key -- the last record, or the highest
+        ``version_index`` value, ties to the last; None: every row kept), or None when the columnar
+        tier cannot map them: not a typed JSON pipeline (see :attr:`typed`), a column of a kind it
+        does not stage (:func:`~ingest.core.mapping.columnar.pg_staged`,
+        :func:`~ingest.core.mapping.columnar.ch_staged`) or with a default, a version column that is
+        not an integer column."""
         if self._columnar_source is None:
             return None
-        columns, keys = self._columnar_source
+        columns, keys, dialect = self._columnar_source
         kinds = []
         for name, col, full in zip(self.column_names, columns, self.column_types, strict=True):
-            kind = ColumnarPlan.supports(col)
-            if kind is None or (kind == "decimal" and "(" not in full):
-                # an unconstrained numeric keeps the digits' own scale: Arrow writes 967.0 as "967"
+            staged = ch_staged(name, col, ch_type(full)) if dialect == "clickhouse" else pg_staged(name, col, full)
+            if staged is None:
                 return None
-            kinds.append(StagedColumn(name, kind, aware=full.startswith("timestamptz")))
-        return ColumnarPlan(self.column_names, columns, kinds, keys, key_index)
+            kinds.append(staged)
+        if version_index is not None and kinds[version_index].kind != "int":
+            return None
+        return ColumnarPlan(self.column_names, columns, kinds, keys, key_index, version_index)
 
     @property
     def typed(self) -> bool:

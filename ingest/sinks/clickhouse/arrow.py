@@ -97,3 +97,55 @@ class ArrowEncoder:
         pa = self._pa
         arrays = [pa.array(col, type=f.type) for col, f in zip(columns, self.schema)]
         return pa.Table.from_arrays(arrays, schema=self.schema)
+
+
+class ColumnarConverter:
+    """Turns a columnar batch as :class:`~ingest.core.mapping.columnar.ColumnarPlan` stages it into
+    the table's Arrow types (``schema``: the sink's :class:`ArrowEncoder` schema), in Arrow's C++:
+
+    * ``int`` (int64, range-checked by the plan) -> the column's integer type, a checked cast;
+    * ``text`` -> string as is;
+    * ``decimal`` (float64 whose shortest digits have at most the column's scale, see
+      :class:`~ingest.core.mapping.columnar.StagedColumn`) -> those digits -> ``decimal128/256(P, S)``:
+      exactly the row mapper's ``Decimal`` (no rounding can happen);
+    * ``epoch_ms`` (int64 milliseconds, 0 .. 2299-12-31) -> ``DateTime64(p)`` ticks (a checked
+      multiplication for p > 3, a division for p < 3: floored, the values being positive), as the
+      row mapper's ``coerce_ch._ch_datetime64`` computes them.
+    """
+
+    def __init__(self, columns: Sequence[Any], types: Sequence[ChType], schema: Any) -> None:
+        import pyarrow.compute as pc
+
+        self._pc = pc
+        self.schema = schema
+        self._steps = []
+        for staged, t, field in zip(columns, types, schema, strict=True):
+            while t.kind in ("nullable", "lowcardinality") and t.inner is not None:
+                t = t.inner
+            factor = divisor = 1
+            if staged.kind == "epoch_ms":
+                if t.kind != "datetime64":
+                    raise ValueError(f"column {staged.name!r}: epoch milliseconds for a {t.name} column")
+                if t.precision >= 3:
+                    factor = 10 ** (t.precision - 3)
+                else:
+                    divisor = 10 ** (3 - t.precision)
+            self._steps.append((staged.kind, field.type, factor, divisor))
+
+    def convert(self, table: Any) -> Any:
+        """``table`` in the sink's schema. Raises pyarrow's errors for a value a checked step refuses."""
+        pa, pc = _pyarrow(), self._pc
+        arrays = []
+        for column, (kind, target, factor, divisor) in zip(table.columns, self._steps, strict=True):
+            if kind == "decimal":
+                column = pc.cast(pc.cast(column, pa.string()), target)
+            elif kind == "epoch_ms":
+                if factor != 1:
+                    column = pc.multiply_checked(column, factor)
+                elif divisor != 1:
+                    column = pc.divide(column, divisor)
+                column = pc.cast(column, target)
+            else:
+                column = pc.cast(column, target)  # a checked cast; text: string to string
+            arrays.append(column)
+        return pa.Table.from_arrays(arrays, schema=self.schema)

@@ -13,8 +13,9 @@ from ingest.sinks.clickhouse.sink import ClickHouseSink, redact_url
 
 class ClickHouseBackend:
     kind = "clickhouse"
-    #: No transactions; retried inserts deduplicated by token; effectively-once through ReplacingMergeTree.
-    capabilities = Capabilities(insert_tokens=True, deletes=True)
+    #: No transactions; retried inserts deduplicated by token; effectively-once through ReplacingMergeTree;
+    #: columnar batches as Arrow inserts (ingest.runner.columnar).
+    capabilities = Capabilities(insert_tokens=True, deletes=True, columnar=True)
 
     def build(self, pipeline: PipelineSettings, *, lanes: int) -> ClickHouseSink:
         return ClickHouseSink(self._settings(pipeline), pipeline=pipeline.name, deletes=pipeline.has_deletes)

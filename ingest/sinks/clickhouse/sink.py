@@ -54,11 +54,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ingest.core.dialects import ch_type
+from ingest.core.mapping.columnar import StagedColumn
 from ingest.errors import (
     IngestError,
     PermanentError,
@@ -66,7 +67,7 @@ from ingest.errors import (
     TransientError,
 )
 from ingest.sinks.base import InTransaction
-from ingest.sinks.clickhouse.arrow import ArrowEncoder
+from ingest.sinks.clickhouse.arrow import ArrowEncoder, ColumnarConverter
 from ingest.sinks.clickhouse.errors import classify
 from ingest.sinks.clickhouse.settings import DELETED_COLUMN, ClickHouseSinkSettings
 from ingest.types import DeleteRow
@@ -188,6 +189,8 @@ class ClickHouseSink:
         #: server reads Arrow is settled when connecting (``_use_arrow``)
         self._arrow = ArrowEncoder.for_columns(self._columns, ch_types) if cfg.insert_format == "auto" else None
         self._use_arrow = False
+        #: the columnar tier's conversion, once :meth:`use_columnar` was called
+        self._columnar: ColumnarConverter | None = None
         self._client: Any = None
         self._token_supported = False
         self._chdb = is_chdb_url(cfg.url)
@@ -324,26 +327,70 @@ class ClickHouseSink:
             raise TypeError("the ClickHouse sink has no transactions: in_tx is not supported")
         if not rows:
             return
-        cfg = self._cfg
-        try:
+        with self._classified():
             client = self.client()
-            settings: dict[str, Any] = dict(cfg.settings)
-            if token is not None and self._token_supported:
-                settings["insert_deduplication_token"] = token
             data = list(zip(*rows))
             if self._deletes:
                 data.append([1 if isinstance(row, DeleteRow) else 0 for row in rows])
             table = self._arrow_table(data) if self._use_arrow else None
+            settings = self._insert_settings(token)
             with self._call_lock():
                 if table is not None:
-                    client.insert_arrow(cfg.table, table, database=cfg.database, settings=settings)
+                    client.insert_arrow(self._cfg.table, table, database=self._cfg.database, settings=settings)
                 else:
                     client.insert(
-                        cfg.table, data, column_names=self._columns, column_type_names=self._types,
-                        database=cfg.database, column_oriented=True, settings=settings,
+                        self._cfg.table, data, column_names=self._columns, column_type_names=self._types,
+                        database=self._cfg.database, column_oriented=True, settings=settings,
                     )
             self.inserts += 1
             self.arrow_inserts += table is not None
+
+    def use_columnar(self, columns: Sequence[StagedColumn]) -> None:
+        """Prepare :meth:`write_columns` for a columnar plan's columns. Raises ValueError, saying why,
+        when the table is written by rows: other columns, deletes, ``insert_format: native``, a
+        column type with no Arrow counterpart (see :mod:`ingest.sinks.clickhouse.arrow`)."""
+        if self._deletes:
+            raise ValueError("a table whose records delete is written by rows")
+        if [c.name for c in columns] != self._columns:
+            raise ValueError("the columnar plan's columns are not the sink's")
+        if self._arrow is None:
+            raise ValueError("the sink inserts Native (insert_format: native, or a column type has no Arrow "
+                             "counterpart, or pyarrow is missing)")
+        self._columnar = ColumnarConverter(columns, list(self._cfg.ch_types.values()), self._arrow.schema)
+
+    def write_columns(self, table: Any, *, token: str | None = None) -> None:
+        """Insert a columnar batch (a ``pyarrow.Table`` of this table's columns as
+        :class:`~ingest.core.mapping.columnar.ColumnarPlan` stages them, one row per key) in one
+        ``insert_arrow``, converted to the table's Arrow types first
+        (:class:`~ingest.sinks.clickhouse.arrow.ColumnarConverter`). ``token`` as in :meth:`write`.
+        Raises like :meth:`write` (a value the conversion refuses: PermanentError). Requires
+        :meth:`use_columnar`."""
+        converter = self._columnar
+        assert converter is not None, "use_columnar() first"
+        if table.num_rows == 0:
+            return
+        with self._classified():
+            client = self.client()
+            if not self._use_arrow:
+                raise PermanentError("the server does not read Arrow inserts", error_class="no_arrow")
+            converted = converter.convert(table)
+            settings = self._insert_settings(token)
+            with self._call_lock():
+                client.insert_arrow(self._cfg.table, converted, database=self._cfg.database, settings=settings)
+            self.inserts += 1
+            self.arrow_inserts += 1
+
+    def _insert_settings(self, token: str | None) -> dict[str, Any]:
+        settings: dict[str, Any] = dict(self._cfg.settings)
+        if token is not None and self._token_supported:
+            settings["insert_deduplication_token"] = token
+        return settings
+
+    @contextlib.contextmanager
+    def _classified(self) -> Iterator[None]:
+        """Every error inside as TransientError / PermanentError (:func:`~ingest.sinks.clickhouse.errors.classify`)."""
+        try:
+            yield
         except (TransientError, PermanentError):
             raise
         except Exception as exc:  # noqa: BLE001 - every driver/transport error is classified

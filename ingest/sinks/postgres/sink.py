@@ -150,18 +150,21 @@ class PostgresSink:
 
     def use_columnar(self, columns: Sequence[StagedColumn]) -> None:
         """Prepare :meth:`write_columns` for a columnar plan's columns (before the first write: each
-        pooled connection creates its stage when it opens). Raises ValueError when they are not this
-        table's columns."""
+        pooled connection creates its stage when it opens). Raises ValueError, saying why, when they are
+        not this table's columns or the table is written by rows (deletes, a version column)."""
         if self._deletes is not None:
             raise ValueError("a table whose records delete is written by rows")
+        if self._cfg.version_column is not None:
+            raise ValueError("a version column's conditional upsert is written by rows")
         self._columnar = ColumnarStatements(self._cfg, columns)
 
-    def write_columns(self, table: Any) -> None:
+    def write_columns(self, table: Any, *, token: str | None = None) -> None:
         """Write a columnar batch (a ``pyarrow.Table`` of this table's columns as
         :class:`~ingest.core.mapping.columnar.ColumnarPlan` stages them, one row per key) in one
         transaction: CSV COPY into the stage, upsert, empty the stage. Raises like :meth:`write`
         (TransientError, PermanentError...); a connection that is not UTF-8 raises PermanentError
-        (the CSV is UTF-8). Requires :meth:`use_columnar`."""
+        (the CSV is UTF-8). Requires :meth:`use_columnar`. ``token`` is ignored: the write is one
+        transaction, and the sink takes no insert tokens."""
         statements = self._columnar
         assert statements is not None, "use_columnar() first"
         data = csv_bytes(table)
