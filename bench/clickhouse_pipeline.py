@@ -1,6 +1,6 @@
 """Kafka → ClickHouse benchmark: ``ingest run`` beside a raw ``client.insert`` of the same rows.
 
-    .venv/bin/python bench/clickhouse_pipeline.py [--records 200000] [--lanes 1 2]
+    .venv/bin/python bench/clickhouse_pipeline.py [--records 200000] [--lanes 1 2] [--rounds 3] [--no-rows]
 
 Starts an embedded broker (Tansu) and uses ``$INGEST_PG_DSN`` or an embedded
 PostgreSQL (pgserver) for the DLQ, produces one topic of JSON records (6
@@ -24,19 +24,23 @@ that runs on these machines):
                      batches of the pipeline's size: dedupe by key, insert token,
                      columnar ``ClickHouseSink.write``
   (e) end to end  -- ``ingest run`` as a subprocess (first record → last batch handled:
-                     consume, decode, map, dedupe by key, columnar insert with the
-                     insert token, commit), per lane count, with its peak RSS, ingest's
+                     consume, decode, map, dedupe by key, Arrow insert with the
+                     insert token, commit), per lane count with the default settings (a
+                     one-lane pipeline of this stream has the columnar tier: the batch
+                     decoded, checked and collapsed in Arrow, ``ingest.runner.columnar``;
+                     more lanes map by rows), and once more as ``lanes=1, rows``
+                     (``columnar: false``: the row path beside it), with its peak RSS, ingest's
                      own CPU per record (user + sys of the ``ingest run`` process, chDB's
                      insert included, less an ``ingest run`` of the same configuration on
                      an empty topic: start-up, chDB load, group join, idle wait; median
-                     of the rounds) and the mapper's fast-path hit rate (1 - the summary's
-                     ``fast_path_misses`` / ``records_mapped``)
-  (p) poison      -- (e) with lanes=1 on a second topic of the same records (same keys, so
+                     of the rounds) and which path its records took: the share written by
+                     the columnar tier (``columnar_records``), or the mapper's fast-path hit
+                     rate (1 - the summary's ``fast_path_misses`` / ``records_mapped``)
+  (p) poison      -- (e) with lanes=1 (default settings) on a second topic of the same records (same keys, so
                      the same partitions), except that one in ``POISON_EVERY`` (0.1 %) is
                      poison (bench/common.py's ``poison_event``: alternately not JSON and an
                      ``id`` that is not a number), dead-lettered to PostgreSQL: its records/s,
-                     own CPU and hit rate (at best 99.90 %: the poison records themselves
-                     miss the fast path), run right after the clean lanes=1 run in each round
+                     own CPU and path, run right after the clean lanes=1 run in each round
                      so a slow spell hits both
 
 (a) and every (e) and (p) run ``--rounds`` times, interleaved; the script prints the
@@ -89,6 +93,7 @@ from common import (  # noqa: E402
     cpu_cap,
     create_topic,
     hit_rate,
+    paths,
     poison_count,
     poison_event,
     produce,
@@ -106,14 +111,31 @@ COLUMNS = {
 }
 
 
-def pipeline_settings(name: str, url: str, topic: str, lanes: int, dlq_dsn: str) -> dict:
-    return {
+#: The end-to-end configuration by rows (``columnar: false``; 1 lane): the default configuration
+#: (``lanes=1``) has the columnar tier, this one measures the row path beside it.
+ROWS = "lanes=1, rows"
+
+
+def pipeline_settings(name: str, url: str, topic: str, lanes: int, dlq_dsn: str,
+                      columnar: bool | None = None) -> dict:
+    """A pipeline of the bench's stream; ``columnar``: the setting (None: unset, the default)."""
+    cfg = {
         "name": name, "topics": [topic], "group_id": f"bench-e2e-{uuid.uuid4().hex}", "lanes": lanes,
         "batch": {"max_rows": BATCH_ROWS, "max_latency_ms": 200},
         "sink": {"kind": "clickhouse", "url": url, "database": DATABASE, "table": name,
                  "order_by": ["event_id"], "columns": COLUMNS},
         "dlq": {"kind": "postgres", "dsn": dlq_dsn, "table": "bench_dlq"},
     }
+    if columnar is not None:
+        cfg["columnar"] = columnar
+    return cfg
+
+
+def _configuration(label: str) -> tuple[int, bool | None]:
+    """``(lanes, columnar setting)`` of an end-to-end configuration label (``lanes=N`` or :data:`ROWS`)."""
+    if label == ROWS:
+        return 1, False
+    return int(label.removeprefix("lanes=")), None
 
 
 def raw_insert(path: Path, rows: list[tuple], settings: PipelineSettings) -> tuple[float, float, float]:
@@ -190,11 +212,12 @@ def write_path(path: Path, items: list[Item], settings: PipelineSettings) -> Win
         sink.close()
 
 
-def _run_config(bootstrap: str, topic: str, workdir: Path, name: str, lanes: int, dlq_dsn: str) -> Path:
+def _run_config(bootstrap: str, topic: str, workdir: Path, name: str, label: str, dlq_dsn: str) -> Path:
     path = workdir / f"chdb-{name}"
+    lanes, columnar = _configuration(label)
     cfg = {
         "kafka": {"bootstrap_servers": bootstrap, "client": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}},
-        "pipelines": [pipeline_settings(name, f"chdb://{path}", topic, lanes, dlq_dsn)],
+        "pipelines": [pipeline_settings(name, f"chdb://{path}", topic, lanes, dlq_dsn, columnar)],
     }
     config = workdir / f"{name}.yaml"
     config.write_text(yaml.safe_dump(cfg))
@@ -212,22 +235,28 @@ def _run_command(config: Path, summary: Path | None = None) -> list[str]:
     return cmd + (["--summary-json", str(summary)] if summary is not None else [])
 
 
-def idle_cpu_s(bootstrap: str, workdir: Path, lanes: int, dlq_dsn: str) -> float:
+def _table_name(label: str) -> str:
+    lanes, columnar = _configuration(label)
+    return f"{lanes}{'_rows' if columnar is False else ''}"
+
+
+def idle_cpu_s(bootstrap: str, workdir: Path, label: str, dlq_dsn: str) -> float:
     """CPU-seconds of ``ingest run`` on an empty topic (start-up, chDB load, group join, idle wait)."""
     topic = f"bench-idle-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic)
-    config = _run_config(bootstrap, topic, workdir, f"idle_{lanes}", lanes, dlq_dsn)
+    config = _run_config(bootstrap, topic, workdir, f"idle_{_table_name(label)}", label, dlq_dsn)
     return run_measured(_run_command(config), env=ENV)
 
 
-def end_to_end(bootstrap: str, topic: str, workdir: Path, lanes: int, dlq_dsn: str, n: int, rnd: int,
+def end_to_end(bootstrap: str, topic: str, workdir: Path, label: str, dlq_dsn: str, n: int, rnd: int,
                tag: str = "") -> dict:
-    """``ingest run`` of ``topic`` into a fresh chDB table (``tag`` names the table apart, e.g. ``poison``)."""
+    """``ingest run`` of ``topic`` in configuration ``label`` into a fresh chDB table (``tag`` names the
+    table apart, e.g. ``poison``)."""
     import clickhouse_connect
 
-    name = f"e2e_{tag}{lanes}_{rnd}"
+    name = f"e2e_{tag}{_table_name(label)}_{rnd}"
     path = workdir / f"chdb-{name}"
-    config = _run_config(bootstrap, topic, workdir, name, lanes, dlq_dsn)
+    config = _run_config(bootstrap, topic, workdir, name, label, dlq_dsn)
     summary = workdir / f"{name}.json"
     process_cpu_s = run_measured(_run_command(config, summary), env=ENV)
     data = orjson.loads(summary.read_bytes())
@@ -241,16 +270,8 @@ def end_to_end(bootstrap: str, topic: str, workdir: Path, lanes: int, dlq_dsn: s
     return {"rate": stats["rate_per_s"], "rss": data["peak_rss_bytes"], "consumed": stats["records_consumed"],
             "written": stats["rows_written"], "final": final, "process_cpu_s": process_cpu_s,
             "hit_rate": hit_rate(stats), "mapped": mapped, "fast_path_misses": stats["fast_path_misses"],
-            "dead_lettered": stats["dead_lettered"]}
-
-
-def percent(rate: float | None) -> str:
-    return "n/a" if rate is None else f"{rate * 100:.2f} %"
-
-
-def lowest_hit_rate(runs: list[dict]) -> float | None:
-    rates = [run["hit_rate"] for run in runs if run["hit_rate"] is not None]
-    return min(rates) if rates else None
+            "typed_hit_rate": hit_rate(stats, "typed_misses") if "typed_misses" in stats else None,
+            "columnar_share": stats.get("columnar_records", 0) / n, "dead_lettered": stats["dead_lettered"]}
 
 
 def main() -> None:
@@ -259,6 +280,8 @@ def main() -> None:
     ap.add_argument("--lanes", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3,
                     help="measure (a), every (e) and (p) this many times, interleaved; report best and median")
+    ap.add_argument("--no-rows", action="store_true",
+                    help=f"skip the row path's configuration ({ROWS}, columnar: false)")
     args = ap.parse_args()
     n = args.records
     if 1 not in args.lanes:
@@ -293,25 +316,27 @@ def main() -> None:
         items = [Item(rec, row, None, 0, rec.size_bytes) for rec, row in zip(records, rows)]
         win_w = write_path(workdir / "chdb-raw", items, PipelineSettings.model_validate(
             pipeline_settings("writepath", f"chdb://{workdir / 'chdb-raw'}", topic, 1, dlq_dsn)))
-        e2e_runs: dict[int, list[dict]] = {lanes: [] for lanes in args.lanes}
+        one = "lanes=1"
+        labels = [f"lanes={lanes}" for lanes in args.lanes] + ([] if args.no_rows else [ROWS])
+        e2e_runs: dict[str, list[dict]] = {label: [] for label in labels}
         poison_runs: list[dict] = []
         a_rates = [n / win_a.wall_s]
         for rnd in range(args.rounds):
             if rnd:
                 a_rates.append(n / consume_all(bootstrap, topic, n)[1].wall_s)
-            for lanes in args.lanes:
-                e2e_runs[lanes].append(end_to_end(bootstrap, topic, workdir, lanes, dlq_dsn, n, rnd))
-                if lanes == 1:  # the poison stream right after the clean lanes=1 run: the same slow spells
-                    res = end_to_end(bootstrap, poison_topic, workdir, 1, dlq_dsn, n, rnd, tag="poison_")
+            for label in labels:
+                e2e_runs[label].append(end_to_end(bootstrap, topic, workdir, label, dlq_dsn, n, rnd))
+                if label == one:  # the poison stream right after the clean lanes=1 run: the same slow spells
+                    res = end_to_end(bootstrap, poison_topic, workdir, one, dlq_dsn, n, rnd, tag="poison_")
                     if res["dead_lettered"] != n_poison:
                         raise SystemExit(f"poison run (round {rnd + 1}) dead-lettered {res['dead_lettered']} "
                                          f"records, want poison_count({n}) = {n_poison}")
                     poison_runs.append(res)
             print(f"round {rnd + 1}/{args.rounds}: a {a_rates[-1]:,.0f}  "
-                  + "  ".join(f"e[lanes={k}] {v[-1]['rate']:,.0f}" for k, v in e2e_runs.items())
+                  + "  ".join(f"e[{k}] {v[-1]['rate']:,.0f}" for k, v in e2e_runs.items())
                   + f"  p[lanes=1] {poison_runs[-1]['rate']:,.0f}", flush=True)
-        idle = {lanes: idle_cpu_s(bootstrap, workdir, lanes, dlq_dsn) for lanes in args.lanes}
-        e2e = {lanes: max(runs, key=lambda res: res["rate"]) for lanes, runs in e2e_runs.items()}
+        idle = {label: idle_cpu_s(bootstrap, workdir, label, dlq_dsn) for label in labels}
+        e2e = {label: max(runs, key=lambda res: res["rate"]) for label, runs in e2e_runs.items()}
 
         keys = len({row[0] for row in rows})
         t_w = win_w.wall_s
@@ -326,20 +351,20 @@ def main() -> None:
         print(f"{'(ra) raw client.insert_arrow, batches of ' + str(BATCH_ROWS):<52}{ra:>12,.0f}")
         print(f"{'(m) decode + map alone':<52}{m:>12,.0f}")
         print(f"{'(w) write path alone (dedupe, token, insert)':<52}{w:>12,.0f}")
-        e_med: dict[int, float] = {}
-        own_med: dict[int, float] = {}
-        for lanes, runs in e2e_runs.items():
+        e_med: dict[str, float] = {}
+        own_med: dict[str, float] = {}
+        for label, runs in e2e_runs.items():
             for res in runs:
                 assert res["consumed"] == n, f"end-to-end consumed {res['consumed']} of {n}"
                 assert res["final"] == keys, f"end-to-end table holds {res['final']} keys with FINAL, want {keys}"
                 assert res["dead_lettered"] == 0, f"clean end-to-end run dead-lettered {res['dead_lettered']}"
-            res = e2e[lanes]
-            e_med[lanes] = statistics.median(run["rate"] for run in runs)
-            own_med[lanes] = statistics.median((run["process_cpu_s"] - idle[lanes]) / n * 1e6 for run in runs)
-            print(f"{'(e) ingest run, lanes=' + str(lanes):<52}{res['rate']:>12,.0f}{e_med[lanes]:>12,.0f}   "
+            res = e2e[label]
+            e_med[label] = statistics.median(run["rate"] for run in runs)
+            own_med[label] = statistics.median((run["process_cpu_s"] - idle[label]) / n * 1e6 for run in runs)
+            print(f"{'(e) ingest run, ' + label:<52}{res['rate']:>12,.0f}{e_med[label]:>12,.0f}   "
                   f"peak RSS {res['rss'] / 2**20:.0f} MiB, {res['written']} rows inserted, ingest's own CPU "
-                  f"{own_med[lanes]:.2f} us/record (median, chDB's insert included; idle run {idle[lanes]:.2f} s), "
-                  f"fast-path hit rate {percent(lowest_hit_rate(runs))}")
+                  f"{own_med[label]:.2f} us/record (median, chDB's insert included; idle run {idle[label]:.2f} s), "
+                  f"{paths(runs)}")
         for res in poison_runs:
             assert res["consumed"] == n, f"poison end-to-end consumed {res['consumed']} of {n}"
             # A key whose records were all poison has no row; no poison record makes one.
@@ -347,15 +372,14 @@ def main() -> None:
                 f"poison end-to-end table holds {res['final']} keys with FINAL, want {keys - n_poison}..{keys}"
         p_best = max(run["rate"] for run in poison_runs)
         p_med = statistics.median(run["rate"] for run in poison_runs)
-        p_own = statistics.median((run["process_cpu_s"] - idle[1]) / n * 1e6 for run in poison_runs)
-        p_hit = lowest_hit_rate(poison_runs)
+        p_own = statistics.median((run["process_cpu_s"] - idle[one]) / n * 1e6 for run in poison_runs)
         print(f"{'(p) ingest run, lanes=1, ' + format(100 / POISON_EVERY, 'g') + ' % poison':<52}"
               f"{p_best:>12,.0f}{p_med:>12,.0f}   "
               f"peak RSS {max(run['rss'] for run in poison_runs) / 2**20:.0f} MiB, "
               f"{n_poison} dead-lettered (PostgreSQL DLQ) per run, ingest's own CPU {p_own:.2f} us/record "
-              f"(median; idle run of lanes=1), fast-path hit rate {percent(p_hit)}")
-        print("(hit rate: 1 - fast_path_misses / records_mapped, the lowest of the rounds; "
-              "poison records always miss the fast path)")
+              f"(median; idle run of lanes=1), {paths(poison_runs)}")
+        print("(path: the share of records the columnar tier wrote, or 1 - fast_path_misses / records_mapped; "
+              "the lowest of the rounds)")
         best = max(res["rate"] for res in e2e.values())
         print(f"\nratio e/r = {best / r:.2f} (target >= 0.5)   e/r1 = {best / r1:.2f}   e/ra = {best / ra:.2f}   "
               f"e/min(m,w) = {best / min(m, w):.2f}   serial bound 1/(1/m+1/w) = {1 / (1 / m + 1 / w):,.0f}/s\n"
@@ -367,11 +391,14 @@ def main() -> None:
               f"machine CPU per record (broker + ClickHouse + Python): (a) {cpu_a:.1f} us, (w) {cpu_w:.1f} us -> "
               f"both on {cores} cores cap end to end at {bound:,.0f}/s;   e / that cap = {best / bound:.2f}")
         print(f"\ntargets (medians of {args.rounds} round{'s' if args.rounds != 1 else ''}):\n"
-              f"  e(lanes=1) / (a) consume only = {e_med[1]:,.0f} / {a_med:,.0f} = {e_med[1] / a_med:.2f} "
+              f"  e(lanes=1) / (a) consume only = {e_med[one]:,.0f} / {a_med:,.0f} = {e_med[one] / a_med:.2f} "
               f"(target >= 0.9)\n"
-              f"  ingest's own CPU per record (lanes=1) {own_med[1]:.2f} us (target <= 4)\n"
-              f"  poison / clean (lanes=1) = {p_med:,.0f} / {e_med[1]:,.0f} = {p_med / e_med[1]:.2f} "
+              f"  ingest's own CPU per record (lanes=1) {own_med[one]:.2f} us (target <= 4)\n"
+              f"  poison / clean (lanes=1) = {p_med:,.0f} / {e_med[one]:,.0f} = {p_med / e_med[one]:.2f} "
               f"(target >= 0.8)")
+        if ROWS in e_med:
+            print(f"  row path ({ROWS}): e / (a) = {e_med[ROWS] / a_med:.2f}, own CPU {own_med[ROWS]:.2f} us per "
+                  f"record; {one} / row path = x{e_med[one] / e_med[ROWS]:.2f} records/s")
     finally:
         services.close()
         shutil.rmtree(workdir, ignore_errors=True)

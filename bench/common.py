@@ -101,6 +101,19 @@ def hit_rate(stats: dict[str, Any], misses: str = "fast_path_misses") -> float |
     return 1 - stats.get(misses, 0) / mapped if mapped else None
 
 
+def paths(runs: list[dict]) -> str:
+    """Which path the runs' records took (the worst run): the share written by the columnar tier, or,
+    by rows, the fast path's and the typed tier's hit rates."""
+    share = min(r["columnar_share"] or 0.0 for r in runs)
+    if any(r["columnar_share"] for r in runs):
+        return f"written columnar {share * 100:.2f} %"
+    hits = [r["hit_rate"] for r in runs if r.get("hit_rate") is not None]
+    if not hits:
+        return "no records mapped"
+    typed = [r["typed_hit_rate"] for r in runs if r.get("typed_hit_rate") is not None]
+    return f"fast path {min(hits) * 100:.2f} %" + (f" (typed {min(typed) * 100:.2f} %)" if typed else "")
+
+
 def poison_count(n: int) -> int:
     """How many of the first ``n`` records of the poison stream are poison."""
     return n // POISON_EVERY

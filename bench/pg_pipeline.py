@@ -99,6 +99,7 @@ from common import (  # noqa: E402
     event_message,
     event_message_class,
     hit_rate,
+    paths,
     poison_count,
     poison_event,
     produce,
@@ -384,19 +385,6 @@ def print_targets(e2e: dict[str, list[dict]], e_med: dict[str, float], configs: 
                   f"{out['rows_poison_vs_clean']:.2f}; {paths(rows_poison_runs)}, "
                   f"{rows_poison_runs[0]['dead_lettered']} dead letters = the poison records")
     return out
-
-
-def paths(runs: list[dict]) -> str:
-    """Which path the runs' records took (the worst run): the share written by the columnar tier, or,
-    by rows, the fast path's and the typed tier's hit rates."""
-    share = min(r["columnar_share"] or 0.0 for r in runs)
-    if any(r["columnar_share"] for r in runs):
-        return f"written columnar {share * 100:.2f} %"
-    hits = [r["hit_rate"] for r in runs if r.get("hit_rate") is not None]
-    if not hits:
-        return "no records mapped"
-    typed = [r["typed_hit_rate"] for r in runs if r.get("typed_hit_rate") is not None]
-    return f"fast path {min(hits) * 100:.2f} %" + (f" (typed {min(typed) * 100:.2f} %)" if typed else "")
 
 
 def _setting(label: str) -> bool | None:

@@ -49,9 +49,12 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
        "protobuf lanes=1 1000 rows (1000 written)"),
       re.compile(r"^lanes=1 +protobuf +[\d,]+ +[\d,]+ +-?[\d.]+$", re.MULTILINE),
       re.compile(r"^lanes=1 +protobuf/json +x[\d.]+ +x-?[\d.]+$", re.MULTILINE))),
+    # the default (columnar) configuration and the row path beside it, each saying which path it took
     ("clickhouse_pipeline.py", ["--records", "3000", "--rounds", "1", "--lanes", "1"],
-     ("(end-to-end tables: 1000 keys with FINAL, as expected; poison tables:", "fast-path hit rate 100.00 %",
-      "ingest's own CPU per record (lanes=1)")),
+     ("(end-to-end tables: 1000 keys with FINAL, as expected; poison tables:", "ingest's own CPU per record (lanes=1)",
+      re.compile(r"\(e\) ingest run, lanes=1 .*written columnar 100\.00 %"),
+      re.compile(r"\(e\) ingest run, lanes=1, rows .*fast path 100\.00 %"),
+      re.compile(r"row path \(lanes=1, rows\): e / \(a\) = [\d.]+, own CPU [\d.]+ us per record"))),
     ("sink_cpu.py", ["--rows", "300", "--batches", "2", "--rounds", "1"],
      (re.compile(r"PostgresSink\.write, 2 x 300 rows, median of 1: client CPU [\d.]+ us/row"),)),
     # each stage of the hot path alone; it checks the table its writes filled
