@@ -50,7 +50,7 @@ from ingest.errors import (
     UnclassifiedError,
 )
 from ingest.retry import retrying
-from ingest.sinks.base import ExactlyOnceFn, dedup_token
+from ingest.sinks.base import ExactlyOnceFn, dedup_token, offsets_token
 from ingest.types import DeleteRow, Failure, Item, Partition
 
 if TYPE_CHECKING:
@@ -209,7 +209,8 @@ class BatchWriter:
                     result.queue_wait_s = waited_s if slot else None
                     failures = self._handle_exactly_once(lane, items, result, retries)
             elif prepared.columnar is not None:
-                failures = self._handle_columnar(prepared.columnar, items, result, retries, grant, slot is not None)
+                failures = self._handle_columnar(prepared.columnar, items, prepared.done, result, retries, grant,
+                                                 slot is not None)
             else:
                 assert prepared.failures is not None and prepared.groups is not None
                 failures = self._handle_at_least_once(prepared.failures, prepared.groups, result, retries, grant,
@@ -253,18 +254,18 @@ class BatchWriter:
                 raise TransientError("aborted before writing", error_class="aborted")
             yield
 
-    def _handle_columnar(self, planned: ColumnarPlanned, items: Sequence[Item], result: Completion,
-                         retries: list[int], grant: Callable[[], ContextManager[float]],
-                         scheduled: bool) -> list[DlqEntry]:
+    def _handle_columnar(self, planned: ColumnarPlanned, items: Sequence[Item],
+                         done: dict[tuple[Partition, int], list[int]], result: Completion, retries: list[int],
+                         grant: Callable[[], ContextManager[float]], scheduled: bool) -> list[DlqEntry]:
         """The columnar tier's write, then its poison records to the DLQ; when the write raises, every
-        item mapped by rows and written by the row path instead (see ingest.runner.columnar)."""
+        item mapped by rows and written by the row path instead (see ingest.runner.columnar). ``done``:
+        the batch's offsets (:meth:`prepare`)."""
         tier = self._columnar
         assert tier is not None
         failures = [DlqEntry(self._pipeline, item.record, failure) for item, failure in planned.poison]
         kwargs = {}
         if self._pass_token:  # the records behind the rows: the row path's token for the same rows
-            poisoned = {id(item) for item, _ in planned.poison}
-            kwargs["token"] = dedup_token(self._pipeline, (item for item in items if id(item) not in poisoned))
+            kwargs["token"] = self._columnar_token(planned, items, done)
         with self._writing(grant, result, scheduled):
             # The poison records go to the DLQ while the rows are written: two commits at once, not
             # one after the other (the lane is a columnar pipeline's bottleneck).
@@ -287,6 +288,18 @@ class BatchWriter:
         result.rows_written = planned.table.num_rows
         result.columnar_records = len(items)
         return failures
+
+    def _columnar_token(self, planned: ColumnarPlanned, items: Sequence[Item],
+                        done: dict[tuple[Partition, int], list[int]]) -> str:
+        """The insert token of a columnar batch: :func:`~ingest.sinks.base.dedup_token` of its records but
+        the poison ones -- what the row path passes when it writes the same rows in one piece."""
+        if planned.poison:
+            poisoned = {id(item) for item, _ in planned.poison}
+            return dedup_token(self._pipeline, (item for item in items if id(item) not in poisoned))
+        by_tp: dict[tuple[str, int], list[int]] = {}
+        for (tp, _epoch), offsets in done.items():  # one epoch per partition, but for a rebalance
+            by_tp.setdefault((tp.topic, tp.partition), []).extend(offsets)
+        return offsets_token(self._pipeline, by_tp)
 
     def _dlq_writes(self) -> concurrent.futures.ThreadPoolExecutor:
         """The thread that writes a columnar batch's poison records while its lane writes the rows."""

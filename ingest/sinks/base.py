@@ -19,7 +19,7 @@ import hashlib
 import itertools
 import operator
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -153,7 +153,7 @@ def dedup_token(pipeline: str, items: Iterable[Item]) -> str:
     Derived from the pipeline name and the exact set of (topic, partition,
     offset) of the records: the same set gives the same token whatever the
     order, any other set another token. ``<pipeline>-<32 hex digits>``
-    (BLAKE2b-128 over the sorted offsets per partition).
+    (BLAKE2b-128 over the sorted offsets per partition; see :func:`offsets_token`).
     """
     by_tp: dict[tuple[str, int], list[int]] = {}
     for tp, run in itertools.groupby(items, _tp_of):  # items come in runs of one partition
@@ -162,10 +162,15 @@ def dedup_token(pipeline: str, items: Iterable[Item]) -> str:
             by_tp[tp] = list(map(_offset_of, run))
         else:
             offsets.extend(map(_offset_of, run))
+    return offsets_token(pipeline, by_tp)
+
+
+def offsets_token(pipeline: str, by_tp: Mapping[tuple[str, int], Sequence[int]]) -> str:
+    """:func:`dedup_token` of the records at these offsets, given per (topic, partition) in any order
+    (the lists are not changed)."""
     h = hashlib.blake2b(pipeline.encode(), digest_size=16)
     for (topic, partition) in sorted(by_tp):
-        offsets = by_tp[(topic, partition)]
-        offsets.sort()  # already ascending within a lane batch: linear
+        offsets = sorted(by_tp[(topic, partition)])  # already ascending within a lane batch: linear
         # Topic names cannot contain NUL; the fixed-width offsets make the encoding unambiguous.
         h.update(b"\0%s\0%d\0%d\0" % (topic.encode(), partition, len(offsets)))
         h.update(array("q", offsets).tobytes())

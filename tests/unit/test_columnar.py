@@ -26,6 +26,7 @@ from ingest.core.mapping import Mapper
 from ingest.errors import InvalidRecord, TransientError
 from ingest.config import PipelineSettings
 from ingest.runner.columnar import ColumnarTier, columnar_tier
+from ingest.sinks.base import dedup_token
 from ingest.sinks.postgres.settings import PostgresSinkSettings
 from ingest.types import Item, Record
 from ingest.writer import BatchWriter
@@ -333,3 +334,26 @@ def test_a_sink_without_the_capability_or_exactly_once_writes_by_rows():
     for capable, exactly_once in ((False, False), (True, True)):
         assert columnar_tier(_pipeline(), _ColumnarSink(), columnar_capable=capable, exactly_once=exactly_once,
                              mapper=lambda: Mapper(CFG.columns)) is None
+
+
+@pytest.mark.parametrize("raw", [RAW, [b'{"id": 1, "s": 1}', b'{"id": 1, "s": 2}', b'{"id": 2}', b'{"id": 3}']])
+def test_a_columnar_insert_carries_the_token_the_row_path_gives_the_same_rows(raw):
+    """A columnar insert that fails after the server took it is retried by the row path: the same
+    token lets a deduplicating sink (ClickHouse) drop the second insert."""
+    tokens: dict[str, str] = {}
+
+    def columnar_write(table, token=None) -> None:
+        tokens["columnar"] = token
+        raise TransientError("answer lost", error_class="connection")
+
+    def row_write(rows, token=None) -> None:
+        tokens.setdefault("rows", token)
+
+    tier = ColumnarTier("p", PLAN, write=columnar_write, map_record=MAPPER.map)
+    writer = BatchWriter(pipeline="p", write=row_write, dlq=_Dlq(), retry=RetrySettings(max_attempts=2),
+                         collapse_rule=RULE, abort=threading.Event(), columnar=tier, insert_tokens=True)
+    done = writer.handle(0, _unmapped(raw), "size")
+    assert done.error is None and done.columnar_records == 0
+    assert tokens["columnar"] is not None and tokens["columnar"] == tokens["rows"]
+    good = [item for item in _unmapped(raw) if item.record.value != b"not json"]
+    assert tokens["columnar"] == dedup_token("p", good)
