@@ -460,3 +460,57 @@ class SteadyProducer(threading.Thread):
         if self.error is not None:
             raise self.error
         return self.produced
+
+
+def run_pipeline_on_off(tmp_path: Path, bootstrap: str, topic: str, dlq_dsn: str, pipeline: dict[str, Any],
+                        columnar: bool | None) -> tuple[dict[str, Any], list[tuple]]:
+    """Run one pipeline (``pipeline``: its settings but ``name``-derived group, batch and ``columnar``)
+    over ``topic`` until idle with ``columnar`` set (None: unset); assert it exited 0 and committed at
+    the log end. Returns its summary stats and its PostgreSQL DLQ rows (partition, offset, stage,
+    error class, message) in offset order. For the columnar tier's on/off differentials."""
+    name = pipeline["name"]
+    cfg = {
+        "kafka": {"bootstrap_servers": bootstrap,
+                  "client": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}},
+        "pipelines": [{**pipeline, "topics": [topic], "group_id": f"{name}-{topic}",
+                       "batch": {"max_rows": 500, "max_latency_ms": 100}}],
+    }
+    if columnar is not None:
+        cfg["pipelines"][0]["columnar"] = columnar
+    d = tmp_path / name
+    d.mkdir()
+    path = write_and_migrate(d, cfg)
+    summary = d / "summary.json"
+    res = run_ingest(["run", "--config", path, "--until-idle", "2", "--summary-json", summary], timeout_s=120,
+                     log_dir=d)
+    assert_exit_ok(res)
+    assert_committed_at_log_end(bootstrap, f"{name}-{topic}", topic)
+    with psycopg.connect(dlq_dsn) as conn:
+        dlq = conn.execute(f'SELECT "partition", "offset", stage, error_class, error_message FROM "{name}_dlq" '
+                           "ORDER BY 1, 2").fetchall()
+    return read_summary(summary)["pipelines"][name], dlq
+
+
+def columnar_stream(doc_of: Callable[[int], dict[str, Any]],
+                    special: Callable[[int, dict[str, Any]], bytes | None] | None = None) -> list[tuple[bytes, bytes]]:
+    """3000 records over 700 keys (updates) for the columnar tier's differentials: ``doc_of(i)`` (with
+    ``id`` and ``n``, an integer column, and an epoch-millisecond ``ts``), except poison of three
+    kinds (``n`` not a number, not JSON, ``n`` out of range), an ISO ``ts`` only the row mapper takes,
+    and whatever ``special(i, doc)`` returns instead of the document."""
+    out = []
+    for i in range(3000):
+        key = i % 700
+        doc = doc_of(i)
+        value = orjson.dumps(doc)
+        if i % 97 == 5:
+            value = b'{"id": ' + str(key).encode() + b', "n": "not a number"}'  # map poison
+        elif i % 131 == 7:
+            value = b"{broken"  # decode poison
+        elif i % 151 == 9:
+            value = orjson.dumps({**doc, "n": 2**40})  # out of range for the integer column: poison
+        elif i % 1000 == 11:
+            value = orjson.dumps({**doc, "ts": "2025-11-30T00:00:00Z"})  # ISO text: the row mapper's
+        elif special is not None:
+            value = special(i, doc) or value
+        out.append((str(key).encode(), value))
+    return out

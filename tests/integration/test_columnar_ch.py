@@ -13,11 +13,9 @@
 from __future__ import annotations
 
 import orjson
-import psycopg
 import pytest
-from harness import run_ingest
 from harness.kafka import produce
-from pipeline_helpers import assert_committed_at_log_end, assert_exit_ok, read_summary, write_and_migrate
+from pipeline_helpers import columnar_stream, run_pipeline_on_off
 
 from ingest.config import PipelineSettings
 from ingest.core.mapping import Mapper
@@ -109,54 +107,27 @@ def test_a_native_sink_has_no_columnar_write(chdb):
 
 def _stream() -> list[tuple[bytes, bytes]]:
     """Clean records with updates, poison of every kind, values only the row mapper takes."""
-    out = []
-    for i in range(3000):
-        key = i % 700
-        doc = {"id": key, "n": i, "kind": f"k{i % 7}", "note": None if i % 5 else f"note {i}",
-               "amount": round(i / 7, 3), "ts": 1_764_460_800_000 + i, "us": i * 1000}
-        value = orjson.dumps(doc)
-        if i % 97 == 5:
-            value = b'{"id": ' + str(key).encode() + b', "n": "not a number"}'  # map poison
-        elif i % 131 == 7:
-            value = b"{broken"  # decode poison
-        elif i % 151 == 9:
-            value = orjson.dumps({**doc, "n": 2**40})  # out of range for Int32: poison
-        elif i % 173 == 3:
-            value = orjson.dumps({k: v for k, v in doc.items() if k != "ts"})  # a required column missing
-        elif i % 1000 == 11:
-            value = orjson.dumps({**doc, "ts": "2025-11-30T00:00:00Z"})  # ISO text: the row mapper's
-        elif i % 1000 == 13:
-            value = orjson.dumps({**doc, "amount": 1.00005})  # rounds to 4 places: the row mapper's
-        out.append((str(key).encode(), value))
-    return out
+    def doc(i: int) -> dict:
+        return {"id": i % 700, "n": i, "kind": f"k{i % 7}", "note": None if i % 5 else f"note {i}",
+                "amount": round(i / 7, 3), "ts": 1_764_460_800_000 + i, "us": i * 1000}
+
+    def special(i: int, d: dict) -> bytes | None:
+        if i % 173 == 3:
+            return orjson.dumps({k: v for k, v in d.items() if k != "ts"})  # a required column missing
+        if i % 1000 == 13:
+            return orjson.dumps({**d, "amount": 1.00005})  # rounds to 4 places: the row mapper's
+        return None
+
+    return columnar_stream(doc, special)
 
 
 def _run(tmp_path, name, bootstrap, topic, chdb_url, pg_dsn, columnar):
-    cfg = {
-        "kafka": {"bootstrap_servers": bootstrap,
-                  "client": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}},
-        "pipelines": [{
-            "name": name, "topics": [topic], "group_id": f"{name}-{topic}",
-            "batch": {"max_rows": 500, "max_latency_ms": 100},
-            "sink": {"kind": "clickhouse", "url": chdb_url, "database": DATABASE, "table": name,
-                     "order_by": ["id"], "columns": COLUMNS},
-            "dlq": {"kind": "postgres", "dsn": pg_dsn, "table": f"{name}_dlq"},
-        }],
-    }
-    if columnar is not None:
-        cfg["pipelines"][0]["columnar"] = columnar
-    d = tmp_path / name
-    d.mkdir()
-    path = write_and_migrate(d, cfg)
-    summary = d / "summary.json"
-    res = run_ingest(["run", "--config", path, "--until-idle", "2", "--summary-json", summary], timeout_s=120,
-                     log_dir=d)
-    assert_exit_ok(res)
-    assert_committed_at_log_end(bootstrap, f"{name}-{topic}", topic)
-    with psycopg.connect(pg_dsn) as conn:
-        dlq = conn.execute(f'SELECT "partition", "offset", stage, error_class, error_message FROM "{name}_dlq" '
-                           "ORDER BY 1, 2").fetchall()
-    return read_summary(summary)["pipelines"][name], dlq
+    return run_pipeline_on_off(tmp_path, bootstrap, topic, pg_dsn, {
+        "name": name,
+        "sink": {"kind": "clickhouse", "url": chdb_url, "database": DATABASE, "table": name, "order_by": ["id"],
+                 "columns": COLUMNS},
+        "dlq": {"kind": "postgres", "dsn": pg_dsn, "table": f"{name}_dlq"},
+    }, columnar)
 
 
 def test_columnar_run_writes_and_dead_letters_what_the_row_path_does(kafka_bootstrap, pg_dsn, new_topic, chdb,

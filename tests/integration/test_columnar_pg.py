@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import orjson
 import psycopg
-from harness import run_ingest
 from harness.kafka import produce
-from pipeline_helpers import assert_committed_at_log_end, assert_exit_ok, read_summary, write_and_migrate
+from pipeline_helpers import columnar_stream, run_pipeline_on_off
 
 from ingest.core.mapping import Mapper
 from ingest.sinks.postgres.schema import sink_table_sql
@@ -83,48 +82,17 @@ def test_columnar_write_stores_what_the_row_path_stores(pg_dsn):
 
 def _stream() -> list[tuple[bytes, bytes]]:
     """Clean records with updates, poison of every kind, values only the row mapper takes."""
-    out = []
-    for i in range(3000):
-        key = i % 700
-        doc = {"id": key, "n": i, "kind": f"k{i % 7}", "amount": round(i / 7, 3), "exact": i / 3,
-               "ts": 1_764_460_800_000 + i, "local": i * 1000}
-        value = orjson.dumps(doc)
-        if i % 97 == 5:
-            value = b'{"id": ' + str(key).encode() + b', "n": "not a number"}'  # map poison
-        elif i % 131 == 7:
-            value = b"{broken"  # decode poison
-        elif i % 151 == 9:
-            value = orjson.dumps({**doc, "n": 2**40})  # out of range for integer: poison
-        elif i % 1000 == 11:
-            value = orjson.dumps({**doc, "ts": "2025-11-30T00:00:00Z"})  # ISO text: the row mapper's
-        out.append((str(key).encode(), value))
-    return out
+    return columnar_stream(lambda i: {"id": i % 700, "n": i, "kind": f"k{i % 7}", "amount": round(i / 7, 3),
+                                      "exact": i / 3, "ts": 1_764_460_800_000 + i, "local": i * 1000})
 
 
 def _run(tmp_path, name, bootstrap, topic, dsn, columnar):
-    cfg = {
-        "kafka": {"bootstrap_servers": bootstrap,
-                  "client": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}},
-        "pipelines": [{
-            "name": name, "topics": [topic], "group_id": f"{name}-{topic}",
-            "batch": {"max_rows": 500, "max_latency_ms": 100},
-            "sink": {"kind": "postgres", "dsn": dsn, "table": name, "conflict_key": ["id"], "columns": COLUMNS},
-            "dlq": {"kind": "postgres", "table": f"{name}_dlq"},
-        }],
-    }
-    if columnar is not None:
-        cfg["pipelines"][0]["columnar"] = columnar
-    d = tmp_path / name
-    d.mkdir()
-    path = write_and_migrate(d, cfg)
-    summary = d / "summary.json"
-    res = run_ingest(["run", "--config", path, "--until-idle", "2", "--summary-json", summary], timeout_s=120,
-                     log_dir=d)
-    assert_exit_ok(res)
-    assert_committed_at_log_end(bootstrap, f"{name}-{topic}", topic)
-    with psycopg.connect(dsn) as conn:
-        dlq = conn.execute(f'SELECT "partition", "offset", stage, error_class, error_message FROM "{name}_dlq" ORDER BY 1, 2').fetchall()
-    return read_summary(summary)["pipelines"][name], _stored(dsn, name), dlq
+    stats, dlq = run_pipeline_on_off(tmp_path, bootstrap, topic, dsn, {
+        "name": name,
+        "sink": {"kind": "postgres", "dsn": dsn, "table": name, "conflict_key": ["id"], "columns": COLUMNS},
+        "dlq": {"kind": "postgres", "table": f"{name}_dlq"},
+    }, columnar)
+    return stats, _stored(dsn, name), dlq
 
 
 def test_columnar_run_writes_and_dead_letters_what_the_row_path_does(kafka_bootstrap, pg_dsn, new_topic, tmp_path):
