@@ -357,3 +357,28 @@ def test_a_columnar_insert_carries_the_token_the_row_path_gives_the_same_rows(ra
     assert tokens["columnar"] is not None and tokens["columnar"] == tokens["rows"]
     good = [item for item in _unmapped(raw) if item.record.value != b"not json"]
     assert tokens["columnar"] == dedup_token("p", good)
+
+
+@pytest.mark.parametrize(("sink", "extra", "reason"), [
+    ({"kind": "postgres", "dsn": "postgresql://u@h/d", "table": "t", "conflict_key": ["event_id"],
+      "version_column": "small"}, {}, "version column's conditional upsert"),
+    ({"kind": "clickhouse", "url": "chdb://memory", "table": "t", "order_by": ["event_id"],
+      "insert_format": "native"}, {"dlq": {"kind": "postgres", "dsn": "postgresql://u@h/d"}}, "inserts Native"),
+])
+def test_a_sink_that_cannot_write_the_plan_by_columns_says_why(sink, extra, reason, caplog):
+    """The real sinks (nothing connects: their pools and clients are lazy) refuse in use_columnar, and
+    a pipeline that asked for the tier is told why."""
+    from ingest.sinks import registry
+
+    columns = {"event_id": {"type": "bigint" if sink["kind"] == "postgres" else "UInt64", "source": "$.id"},
+               "small": {"type": "smallint" if sink["kind"] == "postgres" else "UInt16", "source": "$.s"}}
+    p = PipelineSettings.model_validate({"name": "p", "topics": ["t"], "columnar": True, **extra,
+                                         "sink": {**sink, "columns": columns}})
+    backend = registry.backend(p.sink.kind)
+    built = backend.build(p, lanes=1)
+    with caplog.at_level(logging.DEBUG, logger="ingest.runner.columnar"):
+        tier = columnar_tier(p, built, columnar_capable=backend.capabilities.columnar, exactly_once=False,
+                             mapper=lambda: Mapper(p.sink.columns))
+    assert tier is None
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and reason in warnings[0], warnings
