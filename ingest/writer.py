@@ -271,7 +271,7 @@ class BatchWriter:
             # one after the other (the lane is a columnar pipeline's bottleneck).
             dead_lettered = self._dlq_writes().submit(self._dead_letter, failures, retries) if failures else None
             try:
-                tier.write(planned.table, **kwargs)
+                tier.write(planned.payload, **kwargs)
                 written = True
             except Exception as exc:  # noqa: BLE001 - the row path retries, isolates and classifies
                 written = False
@@ -285,7 +285,7 @@ class BatchWriter:
             rest, groups = self.plan([tier.map_item(item) for item in items if id(item) not in poisoned])
             return failures + self._handle_at_least_once(rest, groups, result, retries, grant, scheduled)
         result.write_calls = 1
-        result.rows_written = planned.table.num_rows
+        result.rows_written = planned.rows
         result.columnar_records = len(items)
         return failures
 

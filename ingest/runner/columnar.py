@@ -4,9 +4,10 @@ With the tier on, the accept loop does not map records: it tracks, sizes and bat
 with neither row nor failure). When a batch is handed to its lane, :meth:`BatchWriter.prepare
 <ingest.writer.BatchWriter.prepare>` (on the pipeline thread) passes it to
 :meth:`ColumnarTier.build` (:class:`~ingest.core.mapping.columnar.ColumnarPlan`: one C decode,
-Arrow columns, collapse), and the lane only writes it: one CSV COPY and one upsert
-(:meth:`~ingest.sinks.postgres.sink.PostgresSink.write_columns`) while the pipeline thread maps
-the next batch.
+Arrow columns, collapse) and has the sink encode it (``encode_columns``: PostgreSQL's CSV,
+ClickHouse's Arrow types), and the lane only writes it (``write_encoded``: one CSV COPY and one
+upsert, or one Arrow insert) while the pipeline thread maps the next batch. A batch the sink
+cannot encode (a value its conversion refuses) goes by rows, where that value's record is poison.
 
 The row path stays the authority. Records the plan rejects are mapped by the row mapper: when each
 of them is poison, they go to the DLQ beside the columnar write (a poison record has no row, so
@@ -50,10 +51,11 @@ MAX_DECLINED_SHARE = 0.25
 
 @dataclass(frozen=True, slots=True)
 class ColumnarPlanned:
-    """A batch the tier took: its collapsed rows (a ``pyarrow.Table`` of the sink's columns) and its
-    poison records, each with its failure, for the DLQ."""
+    """A batch the tier took: its collapsed rows as the sink encoded them (``encode_columns``), how
+    many rows that is, and its poison records, each with its failure, for the DLQ."""
 
-    table: Any
+    payload: Any
+    rows: int
     poison: list[tuple[Item, Failure]]
 
 
@@ -61,11 +63,13 @@ class ColumnarTier:
     """A pipeline's columnar tier: its plan, its sink's columnar write and the row mapper.
     Thread-safe (its review counters are locked)."""
 
-    def __init__(self, pipeline: str, plan: ColumnarPlan, write: Callable[..., None],
+    def __init__(self, pipeline: str, plan: ColumnarPlan, encode: Callable[[Any], Any], write: Callable[..., None],
                  map_record: Callable[[Record], tuple[tuple[Any, ...], bytes | None]]) -> None:
         self._pipeline = pipeline
         self._plan = plan
-        #: ``write(table, token=None)``: the sink's columnar write (raises like ``Sink.write``; ``token``
+        #: ``encode(table)``: the sink's payload for a plan's table (pure; raises for a value it refuses)
+        self._encode = encode
+        #: ``write(payload, token=None)``: the sink's columnar write (raises like ``Sink.write``; ``token``
         #: as there: the insert token of the records behind the rows, for sinks that take one)
         self.write = write
         self._map = map_record
@@ -87,8 +91,16 @@ class ColumnarTier:
                     built = None
                     break
                 poison.append((items[i], failure))
+        payload = None
+        if built is not None:
+            try:
+                payload = self._encode(built.table)
+            except Exception as exc:  # noqa: BLE001 - a value the sink refuses: the row path decides
+                log.info("columnar batch not encoded (%s); writing it by rows", type(exc).__name__,
+                         extra={"pipeline": self._pipeline, "error_class": getattr(exc, "error_class", None)})
+                built = None
         self._review(len(items), built is None)
-        return ColumnarPlanned(built.table, poison) if built is not None else None
+        return ColumnarPlanned(payload, built.table.num_rows, poison) if built is not None else None
 
     def map_item(self, item: Item) -> Item:
         """``item`` mapped by the row mapper: with its row, or with its failure (poison)."""
@@ -164,4 +176,4 @@ def columnar_tier(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exa
                 p.name, why)
         return None
     _use_system_allocator()
-    return ColumnarTier(p.name, plan, sink.write_columns, row_mapper.map)
+    return ColumnarTier(p.name, plan, sink.encode_columns, sink.write_encoded, row_mapper.map)

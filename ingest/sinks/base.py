@@ -68,7 +68,9 @@ class Capabilities:
     row_sources: bool = False
     #: ``write`` takes :class:`~ingest.types.DeleteRow` rows (change data capture, ``ingest.cdc``).
     deletes: bool = False
-    #: ``use_columnar(columns)`` / ``write_columns(table)`` write Arrow batches (``ingest.runner.columnar``).
+    #: ``use_columnar(columns)``, ``encode_columns(table) -> payload`` (pure, any thread) and
+    #: ``write_encoded(payload, token=)`` write Arrow batches (``ingest.runner.columnar``);
+    #: ``write_columns(table, token=)`` does both.
     columnar: bool = False
 
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from ingest.config import RetrySettings
 from ingest.core.collapse import collapse
 from ingest.core.mapping import Mapper
-from ingest.errors import InvalidRecord, TransientError
+from ingest.errors import InvalidRecord, PermanentError, TransientError
 from ingest.config import PipelineSettings
 from ingest.runner.columnar import ColumnarTier, columnar_tier
 from ingest.sinks.base import dedup_token
@@ -173,8 +173,14 @@ def test_poison_is_rejected_and_good_records_around_it_are_kept():
     assert [r["event_id"] for r in built.table.to_pylist()] == [1, 4]
 
 
+def _as_is(table):
+    """The tier's ``encode`` in these tests: the plan's table itself (the real sinks' encodings are
+    tested against their databases)."""
+    return table
+
+
 def _tier(map_record=MAPPER.map) -> ColumnarTier:
-    return ColumnarTier("p", PLAN, write=lambda table: None, map_record=map_record)
+    return ColumnarTier("p", PLAN, encode=_as_is, write=lambda table: None, map_record=map_record)
 
 
 def test_the_tier_hands_back_poison_with_its_failure_and_declines_a_batch_whose_rejects_map():
@@ -197,6 +203,24 @@ def test_the_tier_turns_itself_off_when_most_records_go_by_rows():
     assert tier.build(clean) is None
 
 
+def test_a_batch_the_sink_cannot_encode_is_written_by_rows_where_the_row_path_decides():
+    """``encode`` runs when the batch is planned (the pipeline thread); a value it refuses sends the
+    whole batch to the row path, nothing is written by columns and the rows are the row path's."""
+    def refuse(table):
+        raise PermanentError("value out of the column's range", error_class="conversion")
+
+    tier = ColumnarTier("p", PLAN, encode=refuse, write=lambda payload: pytest.fail("written by columns"),
+                        map_record=MAPPER.map)
+    rows: list = []
+    writer = BatchWriter(pipeline="p", write=rows.extend, dlq=_Dlq(), retry=RetrySettings(max_attempts=2),
+                         collapse_rule=RULE, abort=threading.Event(), columnar=tier)
+    prepared = writer.prepare(_unmapped([b'{"id": 1, "s": 1}', b'{"id": 2, "s": 2}']))
+    assert prepared.columnar is None
+    done = writer.handle(0, prepared, "size")
+    assert done.error is None and done.columnar_records == 0
+    assert sorted(row[0] for row in rows) == [1, 2]
+
+
 @pytest.mark.parametrize("raw", [[None], [b'{"id": 1}\n'], [b'{"id": 1}', b'{"id":\n2}']])
 def test_tombstones_and_newlines_decline_the_batch(raw):
     assert PLAN.build(_records(raw)) is None
@@ -211,7 +235,7 @@ class _Dlq:
 
 
 def _writer(columnar_write, rows: list, dlq: _Dlq) -> BatchWriter:
-    tier = ColumnarTier("p", PLAN, write=columnar_write, map_record=MAPPER.map)
+    tier = ColumnarTier("p", PLAN, encode=_as_is, write=columnar_write, map_record=MAPPER.map)
     return BatchWriter(pipeline="p", write=rows.extend, dlq=dlq, retry=RetrySettings(max_attempts=2),
                        collapse_rule=RULE, abort=threading.Event(), columnar=tier)
 
@@ -297,7 +321,10 @@ class _ColumnarSink:
     def use_columnar(self, columns) -> None:
         self.staged = columns
 
-    def write_columns(self, table) -> None:
+    def encode_columns(self, table):
+        raise AssertionError("not encoded here")
+
+    def write_encoded(self, payload, token=None) -> None:
         raise AssertionError("not written here")
 
 
@@ -349,7 +376,7 @@ def test_a_columnar_insert_carries_the_token_the_row_path_gives_the_same_rows(ra
     def row_write(rows, token=None) -> None:
         tokens.setdefault("rows", token)
 
-    tier = ColumnarTier("p", PLAN, write=columnar_write, map_record=MAPPER.map)
+    tier = ColumnarTier("p", PLAN, encode=_as_is, write=columnar_write, map_record=MAPPER.map)
     writer = BatchWriter(pipeline="p", write=row_write, dlq=_Dlq(), retry=RetrySettings(max_attempts=2),
                          collapse_rule=RULE, abort=threading.Event(), columnar=tier, insert_tokens=True)
     done = writer.handle(0, _unmapped(raw), "size")

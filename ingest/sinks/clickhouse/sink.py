@@ -358,25 +358,34 @@ class ClickHouseSink:
                              "counterpart, or pyarrow is missing)")
         self._columnar = ColumnarConverter(columns, list(self._cfg.ch_types.values()), self._arrow.schema)
 
-    def write_columns(self, table: Any, *, token: str | None = None) -> None:
-        """Insert a columnar batch (a ``pyarrow.Table`` of this table's columns as
-        :class:`~ingest.core.mapping.columnar.ColumnarPlan` stages them, one row per key) in one
-        ``insert_arrow``, converted to the table's Arrow types first
-        (:class:`~ingest.sinks.clickhouse.arrow.ColumnarConverter`). ``token`` as in :meth:`write`.
-        Raises like :meth:`write` (a value the conversion refuses: PermanentError). Requires
-        :meth:`use_columnar`."""
+    def encode_columns(self, table: Any) -> Any:
+        """A columnar batch (a ``pyarrow.Table`` of this table's columns as
+        :class:`~ingest.core.mapping.columnar.ColumnarPlan` stages them, one row per key) converted to
+        the table's Arrow types (:class:`~ingest.sinks.clickhouse.arrow.ColumnarConverter`): the payload
+        :meth:`write_encoded` inserts. Pure, any thread. Raises PermanentError for a value the
+        conversion refuses. Requires :meth:`use_columnar`."""
         converter = self._columnar
         assert converter is not None, "use_columnar() first"
-        if table.num_rows == 0:
+        with self._classified():
+            return converter.convert(table)
+
+    def write_columns(self, table: Any, *, token: str | None = None) -> None:
+        """:meth:`write_encoded` of :meth:`encode_columns`."""
+        self.write_encoded(self.encode_columns(table), token=token)
+
+    def write_encoded(self, payload: Any, *, token: str | None = None) -> None:
+        """Insert an encoded columnar batch (:meth:`encode_columns`) in one ``insert_arrow``. ``token``
+        as in :meth:`write`. Raises like :meth:`write`. Requires :meth:`use_columnar`."""
+        assert self._columnar is not None, "use_columnar() first"
+        if payload.num_rows == 0:
             return
         with self._classified():
             client = self.client()
             if not self._use_arrow:
                 raise PermanentError("the server does not read Arrow inserts", error_class="no_arrow")
-            converted = converter.convert(table)
             settings = self._insert_settings(token)
             with self._call_lock():
-                client.insert_arrow(self._cfg.table, converted, database=self._cfg.database, settings=settings)
+                client.insert_arrow(self._cfg.table, payload, database=self._cfg.database, settings=settings)
             self.inserts += 1
             self.arrow_inserts += 1
 

@@ -1,9 +1,13 @@
 """Writing an Arrow batch (:mod:`ingest.core.mapping.columnar`) into a PostgreSQL sink table.
 
-One transaction per batch, three statements: the table's columns are written as CSV by Arrow's
-C writer and sent in one ``COPY ... FROM STDIN (FORMAT csv)`` into a temporary stage, then one
+One transaction per batch, two statements: the table's columns are written as CSV by Arrow's
+C writer (:func:`csv_bytes`, on whichever thread plans the batch) and sent in one
+``COPY ... FROM STDIN (FORMAT csv)`` into a temporary stage, then one
 ``INSERT ... SELECT ... ON CONFLICT`` applies them with the table's own conflict clause (the
-one the row path uses: :meth:`UpsertStatements._conflict_clause`), then the stage is emptied.
+one the row path uses: :meth:`UpsertStatements._conflict_clause`). The stage is
+``ON COMMIT DELETE ROWS``: the commit (or a rollback) empties it by truncation, so no ``DELETE``
+runs and no dead rows pile up in a table that autovacuum never visits (temporary tables are
+not vacuumed; a ``DELETE`` per batch made each later ``DELETE`` and upsert scan more pages).
 
 The stage holds each column as the columnar tier stages it, and the ``SELECT`` converts:
 
@@ -47,7 +51,8 @@ class ColumnarStatements:
         ident = sql.Identifier
         defs = sql.SQL(", ").join(sql.SQL("{} {}").format(ident(c.name), sql.SQL(_STAGE_TYPE[c.kind]))
                                   for c in columns)
-        self.create_stage = sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {stage} ({defs})").format(stage=stage, defs=defs)
+        self.create_stage = sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {stage} ({defs}) ON COMMIT DELETE ROWS").format(
+            stage=stage, defs=defs)
         names = sql.SQL(", ").join(ident(c.name) for c in columns)
         self.copy_stage = sql.SQL("COPY {stage} ({names}) FROM STDIN (FORMAT csv)").format(stage=stage, names=names)
         selects = []
@@ -63,7 +68,6 @@ class ColumnarStatements:
         conflict = UpsertStatements._conflict_clause(cfg, target, sql.SQL(""))
         self.upsert = sql.SQL("INSERT INTO {t} AS t ({names}) SELECT {sel} FROM {stage}{conflict}").format(
             t=target, names=names, sel=sql.SQL(", ").join(selects), stage=stage, conflict=conflict)
-        self.clear_stage = sql.SQL("DELETE FROM {stage}").format(stage=stage)
 
 
 def csv_bytes(table: Any) -> Any:

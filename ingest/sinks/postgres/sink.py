@@ -158,16 +158,25 @@ class PostgresSink:
             raise ValueError("a version column's conditional upsert is written by rows")
         self._columnar = ColumnarStatements(self._cfg, columns)
 
+    def encode_columns(self, table: Any) -> Any:
+        """A columnar batch (a ``pyarrow.Table`` of this table's columns as
+        :class:`~ingest.core.mapping.columnar.ColumnarPlan` stages them, one row per key) as the
+        payload :meth:`write_encoded` sends: its CSV (:func:`~ingest.sinks.postgres.columnar.csv_bytes`).
+        Pure, any thread (the pipeline thread, while the lane writes the previous batch)."""
+        return csv_bytes(table)
+
     def write_columns(self, table: Any, *, token: str | None = None) -> None:
-        """Write a columnar batch (a ``pyarrow.Table`` of this table's columns as
-        :class:`~ingest.core.mapping.columnar.ColumnarPlan` stages them, one row per key) in one
-        transaction: CSV COPY into the stage, upsert, empty the stage. Raises like :meth:`write`
-        (TransientError, PermanentError...); a connection that is not UTF-8 raises PermanentError
-        (the CSV is UTF-8). Requires :meth:`use_columnar`. ``token`` is ignored: the write is one
-        transaction, and the sink takes no insert tokens."""
+        """:meth:`write_encoded` of :meth:`encode_columns`."""
+        self.write_encoded(self.encode_columns(table), token=token)
+
+    def write_encoded(self, payload: Any, *, token: str | None = None) -> None:
+        """Write an encoded columnar batch (:meth:`encode_columns`) in one transaction: CSV COPY into
+        the stage, upsert (the commit empties the stage). Raises like :meth:`write` (TransientError,
+        PermanentError...); a connection that is not UTF-8 raises PermanentError (the CSV is UTF-8).
+        Requires :meth:`use_columnar`. ``token`` is ignored: the write is one transaction, and the sink
+        takes no insert tokens."""
         statements = self._columnar
         assert statements is not None, "use_columnar() first"
-        data = csv_bytes(table)
         with translate() as t:
             with self.connection() as conn:
                 t.conn = conn
@@ -176,9 +185,8 @@ class PostgresSink:
                                          error_class="encoding")
                 with conn.transaction(), conn.cursor() as cur:
                     with cur.copy(statements.copy_stage) as copy:
-                        copy.write(memoryview(data))
+                        copy.write(memoryview(payload))
                     cur.execute(statements.upsert)
-                    cur.execute(statements.clear_stage)
                     self.statements += 2
 
     def row_sources(self, keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], RowSource]:
