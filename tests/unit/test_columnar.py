@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from ingest.config import RetrySettings
 from ingest.core.collapse import collapse
 from ingest.core.mapping import Mapper
+from ingest.core.mapping.columnar import DECODE_PIECE
 from ingest.errors import InvalidRecord, PermanentError, TransientError
 from ingest.config import PipelineSettings
 from ingest.runner.columnar import ColumnarTier, columnar_tier
@@ -171,6 +172,24 @@ def test_poison_is_rejected_and_good_records_around_it_are_kept():
     assert built is not None
     assert built.rejected == [1, 2, 3, 4]
     assert [r["event_id"] for r in built.table.to_pylist()] == [1, 4]
+
+
+def test_a_dirty_batch_rejects_exactly_its_poison_and_keeps_every_record_around_it():
+    """A long batch (several of the decoder's pieces, DECODE_PIECE values each) with poison at the
+    first and last value and on both sides of piece boundaries, of every kind: not framed (truncated),
+    framed but not JSON, two documents in one value, a value of the wrong type. Exactly those are
+    rejected and every other record's row is the row path's."""
+    n = 3 * DECODE_PIECE + 7
+    bad = {0: b'{"id": 5, "s": ', 1: b"{nope}", DECODE_PIECE - 1: b'{"id":1}{"id":2}',
+           DECODE_PIECE: b'{"id": "five"}', 2 * DECODE_PIECE + 1: b"[1]", n - 1: b'{"id": 1e400}'}
+    raw = [bad.get(i, orjson.dumps({"id": i % 50, "s": i % 100, "kind": f"k{i}", "ts": i})) for i in range(n)]
+    records = _records(raw)
+    expected, poison = _row_path(records)
+    assert poison == set(bad)
+    built = PLAN.build(records)
+    assert built is not None
+    assert built.rejected == sorted(bad)
+    assert {row["event_id"]: _as_database_would(row) for row in built.table.to_pylist()} == expected
 
 
 def _as_is(table):

@@ -9,7 +9,8 @@ timestamp columns -- :class:`ColumnarPlan` does that work per batch instead:
    msgspec decoder (:func:`~ingest.core.mapping.fastmap.typed_lines_decoder`: a Struct of exactly
    the keys the columns read, unknown fields refused), after checking that no value holds a
    newline and that each is framed as one object (:func:`_framed`), so document ``i`` is record
-   ``i`` (a batch that is not is decoded value by value);
+   ``i`` (a batch that is not, or whose decode fails, is decoded in pieces of
+   :data:`DECODE_PIECE` values, a failing piece in halves);
 2. each column's values go into one Arrow array; a column is checked as a whole (the Python types
    it holds, its integer range, NUL characters, missing required values) and every record that
    fails a check, or that the decoder refused, is *rejected*: handed to the row mapper, which
@@ -40,6 +41,7 @@ Pure logic, no I/O; pyarrow is imported only when a plan is made.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -74,14 +76,18 @@ _METADATA: dict[str, Callable[[Record], Any]] = {
 #: The signed 64-bit range of the tier's integer arrays (the typed decoder refuses integers beyond it).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-#: The Python types a column of each kind may hold (None: missing or null).
-_TYPES = {"int": {int}, "text": {str}, "decimal": {float}, "epoch_ms": {int}}
+#: A batch whose one-call decode fails is decoded this many values at a time (a piece that fails, in
+#: halves): a few poison records cost a few small decodes, not one call per value of the batch.
+DECODE_PIECE = 64
+
+#: The Python types a column of each kind may hold, null (a missing value) included.
+_STAGED_TYPES = {kind: frozenset({t, type(None)})
+                 for kind, t in (("int", int), ("text", str), ("decimal", float), ("epoch_ms", int))}
 
 _value_of = operator.attrgetter("value")
 _origin_of = operator.attrgetter("origin")
 _topic_of = operator.attrgetter("topic")
 _partition_of = operator.attrgetter("partition")
-_NONE = type(None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +190,7 @@ class ColumnarPlan:
         self.columns = tuple(kinds)
         self._names = list(names)
         self._decode_lines = typed_lines_decoder(keys)
+        self._empty = self._decode_lines(b"{}")[0]  # the document of a refused value (all fields missing)
         fields = {key: f"f{j}" for j, key in enumerate(keys)}
         self._stream = memoised_stream_id(stream_id)
         #: per column: (how to read its values from (docs, records), how it is staged, required)
@@ -257,12 +264,9 @@ class ColumnarPlan:
         for reader, staged, required in self._readers:
             kind = staged.kind
             column = reader(docs, records)
-            types = set(map(type, column))
-            types.discard(_NONE)
-            if not types <= _TYPES[kind]:  # some value needs the row mapper's coercion
-                wrong = _TYPES[kind]
-                mask = pa.array([v is not None and type(v) not in wrong for v in column])
-                column = [v if v is None or type(v) in wrong else None for v in column]
+            if not set(map(type, column)) <= _STAGED_TYPES[kind]:  # some value needs the row mapper's coercion
+                column, mask = _without_wrong_types(column, _STAGED_TYPES[kind])
+                mask = pa.array(mask)
                 bad = mask if bad is None else pc.or_(bad, mask)
             array = pa.array(column, type=_ARROW_TYPE[kind](pa))
             checks = []
@@ -291,45 +295,63 @@ class ColumnarPlan:
         return ColumnarBatch(table, sorted(rejected))
 
     def _decode_each(self, values: list[bytes]) -> tuple[list[Any], set[int]]:
-        """Decode record by record: the documents (an empty one where the decoder refused) and the
-        positions refused."""
-        decode = self._decode_lines
+        """Decode a batch whose one-call decode failed: :data:`DECODE_PIECE` values at a time, a piece
+        that fails in halves, down to single values. Returns the documents (an empty one where the
+        decoder refused) and the positions refused. A dirty stream (a few poison records per batch)
+        thus still decodes almost all of its values in C calls over many values each."""
         docs: list[Any] = []
         rejected: set[int] = set()
-        empty = decode(b"{}")[0]
-        for i, value in enumerate(values):
-            try:
-                one = decode(value)
-                if len(one) != 1:
-                    raise ValueError("not one document")
-                docs.append(one[0])
-            except Exception:  # noqa: BLE001 - refused: the row mapper decides
-                docs.append(empty)
-                rejected.add(i)
+        for start in range(0, len(values), DECODE_PIECE):
+            self._decode_part(values[start:start + DECODE_PIECE], start, docs, rejected)
         return docs, rejected
+
+    def _decode_part(self, values: list[bytes], start: int, docs: list[Any], rejected: set[int]) -> None:
+        """Append the documents of ``values`` (the batch's from position ``start``) to ``docs`` and the
+        positions the decoder refused to ``rejected``. ``values`` hold no newline (:meth:`build`)."""
+        decode = self._decode_lines
+        n = len(values)
+        if n > 1:
+            joined = b"\n".join(values)
+            got = None
+            if _framed(joined, n):
+                try:
+                    got = decode(joined)
+                except Exception:  # noqa: BLE001 - some value is not a typed document: halve
+                    got = None
+            if got is not None and len(got) == n:
+                docs += got
+                return
+            half = n // 2
+            self._decode_part(values[:half], start, docs, rejected)
+            self._decode_part(values[half:], start + half, docs, rejected)
+            return
+        try:
+            one = decode(values[0])
+            if len(one) != 1:
+                raise ValueError("not one document")
+            docs.append(one[0])
+        except Exception:  # noqa: BLE001 - refused: the row mapper decides
+            docs.append(self._empty)
+            rejected.add(start)
 
     def _survivors(self, table: Any, n: int, rejected: set[int]) -> list[int] | None:
         """Row positions to keep: the accepted records, the winner of each key (None: every row) --
         the last record, or with a version column the highest version, ties to the last (as
-        :func:`ingest.core.collapse.collapse` orders a group)."""
+        :func:`ingest.core.collapse.collapse` orders a group). Per record, only C calls."""
         if self._key_index is None:
-            return None if not rejected else [i for i in range(n) if i not in rejected]
-        key_columns = [table.column(i).to_pylist() for i in self._key_index]
-        keys = key_columns[0] if len(key_columns) == 1 else list(zip(*key_columns, strict=True))
-        accepted = range(n) if not rejected else [i for i in range(n) if i not in rejected]
+            return None if not rejected else list(itertools.filterfalse(rejected.__contains__, range(n)))
         if self._version_index is not None:
-            versions = table.column(self._version_index).to_pylist()
-            best: dict[Any, int] = {}
-            for i in accepted:
-                j = best.get(keys[i])
-                if j is None or versions[i] >= versions[j]:
-                    best[keys[i]] = i
-            return sorted(best.values())
-        if rejected:
-            last = {keys[i]: i for i in accepted}
+            # positions in (version, position) order: the last of a key in that order is its winner
+            # (Arrow's sort is stable; a rejected record's null version sorts last, and it is dropped)
+            order = self._pc.sort_indices(table.column(self._version_index)).to_pylist()
         else:
-            last = dict(zip(keys, range(n), strict=True))
-        return sorted(last.values())
+            order = list(range(n))
+        if rejected:
+            order = list(itertools.filterfalse(rejected.__contains__, order))
+        taken = self._pa.array(order, type=self._pa.int64())
+        key_columns = [table.column(i).take(taken).to_pylist() for i in self._key_index]
+        keys = key_columns[0] if len(key_columns) == 1 else list(zip(*key_columns, strict=True))
+        return sorted(dict(zip(keys, order, strict=True)).values())
 
 
 def _null_at(array: Any, rejected: set[int]) -> bool:
@@ -337,6 +359,16 @@ def _null_at(array: Any, rejected: set[int]) -> bool:
     if not array.null_count:
         return False
     return any(v is None for i, v in enumerate(array.to_pylist()) if i not in rejected)
+
+
+def _without_wrong_types(column: list[Any], staged: frozenset[type]) -> tuple[list[Any], list[bool]]:
+    """``column`` with null where a value's type is not one the column stages,
+    and the mask of those positions (the records the row mapper must coerce). C calls per value."""
+    mask = list(map(operator.not_, map(staged.__contains__, map(type, column))))
+    column = list(column)
+    for i in itertools.compress(range(len(column)), mask):
+        column[i] = None
+    return column, mask
 
 
 def _needs_rounding(pc: Any, array: Any, scale: int, max_abs: float | None) -> Any:
