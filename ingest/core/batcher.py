@@ -189,12 +189,14 @@ class RingBatcher(Generic[T]):
         The slots read are set back to ``None`` so the batcher keeps no
         reference to drained items. Returns ``[]`` when empty. Never raises.
         """
-        slots, cap = self._slots, self.max_rows
-        out: list[T] = []
-        for i in range(self._head, self._head + self._count):
-            j = i % cap
-            out.append(slots[j])  # type: ignore[arg-type]  # occupied slots hold a T
-            slots[j] = None
+        slots, cap, head = self._slots, self.max_rows, self._head
+        end = head + self._count
+        # at most two slices (the buffered run may wrap around the end of the slot list)
+        out: list[T] = slots[head:min(end, cap)]  # type: ignore[assignment]  # occupied slots hold a T
+        slots[head:min(end, cap)] = itertools.repeat(None, len(out))
+        if end > cap:
+            out += slots[:end - cap]  # type: ignore[arg-type]
+            slots[:end - cap] = itertools.repeat(None, end - cap)
         self._head = (self._head + self._count) % cap
         self._count = 0
         self._size_bytes = 0

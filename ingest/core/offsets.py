@@ -30,6 +30,7 @@ Pure logic: no I/O, no clock. Not thread-safe: owned by one pipeline thread.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
@@ -168,8 +169,13 @@ class OffsetTracker(Generic[P]):
         pending, queue = state.pending, state.queue
         before = len(pending)
         pending.difference_update(offsets)
-        while queue and queue[0] not in pending:
-            queue.popleft()
+        # the queue's head runs up to its first pending offset (found by a C scan), then is dropped
+        head = next(itertools.compress(itertools.count(), map(pending.__contains__, queue)), len(queue))
+        if 2 * head >= len(queue):
+            state.queue = deque(itertools.islice(queue, head, None))
+        else:
+            for _ in itertools.repeat(None, head):
+                queue.popleft()
         return before - len(pending)
 
     def advance(self, tp: P, offset: int) -> bool:

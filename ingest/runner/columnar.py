@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import operator
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ from ingest.core.mapping import Mapper
 from ingest.core.mapping.columnar import ColumnarPlan
 from ingest.errors import InvalidRecord
 from ingest.types import Failure, Item, Record
+
+_record_of = operator.attrgetter("record")
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +85,7 @@ class ColumnarTier:
         Never raises for any record content."""
         if not self.on:
             return None
-        built = self._plan.build([item.record for item in items])
+        built = self._plan.build(list(map(_record_of, items)))
         poison: list[tuple[Item, Failure]] = []
         if built is not None:
             for i in built.rejected:
