@@ -265,7 +265,7 @@ class BatchWriter:
         failures = [DlqEntry(self._pipeline, item.record, failure) for item, failure in planned.poison]
         kwargs = {}
         if self._pass_token:  # the records behind the rows: the row path's token for the same rows
-            kwargs["token"] = self._columnar_token(planned, items, done)
+            kwargs["token"] = self._columnar_token(planned, done)
         with self._writing(grant, result, scheduled):
             # The poison records go to the DLQ while the rows are written: two commits at once, not
             # one after the other (the lane is a columnar pipeline's bottleneck).
@@ -289,16 +289,16 @@ class BatchWriter:
         result.columnar_records = len(items)
         return failures
 
-    def _columnar_token(self, planned: ColumnarPlanned, items: Sequence[Item],
-                        done: dict[tuple[Partition, int], list[int]]) -> str:
+    def _columnar_token(self, planned: ColumnarPlanned, done: dict[tuple[Partition, int], list[int]]) -> str:
         """The insert token of a columnar batch: :func:`~ingest.sinks.base.dedup_token` of its records but
         the poison ones -- what the row path passes when it writes the same rows in one piece."""
-        if planned.poison:
-            poisoned = {id(item) for item, _ in planned.poison}
-            return dedup_token(self._pipeline, (item for item in items if id(item) not in poisoned))
         by_tp: dict[tuple[str, int], list[int]] = {}
         for (tp, _epoch), offsets in done.items():  # one epoch per partition, but for a rebalance
             by_tp.setdefault((tp.topic, tp.partition), []).extend(offsets)
+        if planned.poison:  # a few per batch: the rows come from the other records
+            for item, _ in planned.poison:
+                by_tp[(item.record.topic, item.record.partition)].remove(item.record.offset)
+            by_tp = {tp: offsets for tp, offsets in by_tp.items() if offsets}
         return offsets_token(self._pipeline, by_tp)
 
     def _dlq_writes(self) -> concurrent.futures.ThreadPoolExecutor:
