@@ -10,7 +10,7 @@ timestamp columns -- :class:`ColumnarPlan` does that work per batch instead:
    the keys the columns read, unknown fields refused), after checking that no value holds a
    newline and that each is framed as one object (:func:`_framed`), so document ``i`` is record
    ``i`` (a batch that is not, or whose decode fails, is decoded in pieces of
-   :data:`DECODE_PIECE` values, a failing piece in halves);
+   :data:`DECODE_PIECE` values, a failing piece in halves: :meth:`ColumnarPlan._decode`);
 2. each column's values go into one Arrow array; a column is checked as a whole (the Python types
    it holds, its integer range, NUL characters, missing required values) and every record that
    fails a check, or that the decoder refused, is *rejected*: handed to the row mapper, which
@@ -250,15 +250,9 @@ class ColumnarPlan:
         joined = b"\n".join(values)
         if joined.count(b"\n") != n - 1:
             return None  # a value holds a newline: lines would not be records
+        docs: list[Any] = []
         rejected: set[int] = set()
-        docs = None
-        if _framed(joined, n):
-            try:
-                docs = self._decode_lines(joined)
-            except Exception:  # noqa: BLE001 - some line is not a typed document: find which, one by one
-                docs = None
-        if docs is None or len(docs) != n:
-            docs, rejected = self._decode_each(values)
+        self._decode(values, 0, docs, rejected, joined)
         arrays = []
         bad = None
         for reader, staged, required in self._readers:
@@ -294,36 +288,31 @@ class ColumnarPlan:
             table = table.take(pa.array(keep, type=pa.int64()))
         return ColumnarBatch(table, sorted(rejected))
 
-    def _decode_each(self, values: list[bytes]) -> tuple[list[Any], set[int]]:
-        """Decode a batch whose one-call decode failed: :data:`DECODE_PIECE` values at a time, a piece
-        that fails in halves, down to single values. Returns the documents (an empty one where the
-        decoder refused) and the positions refused. A dirty stream (a few poison records per batch)
-        thus still decodes almost all of its values in C calls over many values each."""
-        docs: list[Any] = []
-        rejected: set[int] = set()
-        for start in range(0, len(values), DECODE_PIECE):
-            self._decode_part(values[start:start + DECODE_PIECE], start, docs, rejected)
-        return docs, rejected
-
-    def _decode_part(self, values: list[bytes], start: int, docs: list[Any], rejected: set[int]) -> None:
-        """Append the documents of ``values`` (the batch's from position ``start``) to ``docs`` and the
-        positions the decoder refused to ``rejected``. ``values`` hold no newline (:meth:`build`)."""
+    def _decode(self, values: list[bytes], start: int, docs: list[Any], rejected: set[int],
+                joined: bytes | None = None) -> None:
+        """Append the documents of ``values`` (the batch's from position ``start``; ``joined``: them
+        joined by newlines, when the caller has it) to ``docs``, and the positions the decoder refused
+        to ``rejected``, an empty document standing in for each. ``values`` hold no newline
+        (:meth:`build`). One C call decodes them all when it can; else they are decoded
+        :data:`DECODE_PIECE` at a time, a failing piece in halves, down to single values, so a few
+        poison records cost a few small decodes, not one call per value of the batch."""
         decode = self._decode_lines
         n = len(values)
         if n > 1:
-            joined = b"\n".join(values)
+            if joined is None:
+                joined = b"\n".join(values)
             got = None
             if _framed(joined, n):
                 try:
                     got = decode(joined)
-                except Exception:  # noqa: BLE001 - some value is not a typed document: halve
+                except Exception:  # noqa: BLE001 - some value is not a typed document: split
                     got = None
             if got is not None and len(got) == n:
                 docs += got
                 return
-            half = n // 2
-            self._decode_part(values[:half], start, docs, rejected)
-            self._decode_part(values[half:], start + half, docs, rejected)
+            step = DECODE_PIECE if n > DECODE_PIECE else (n + 1) // 2
+            for i in range(0, n, step):
+                self._decode(values[i:i + step], start + i, docs, rejected)
             return
         try:
             one = decode(values[0])
@@ -340,18 +329,20 @@ class ColumnarPlan:
         :func:`ingest.core.collapse.collapse` orders a group). Per record, only C calls."""
         if self._key_index is None:
             return None if not rejected else list(itertools.filterfalse(rejected.__contains__, range(n)))
+        order: list[int] | None = None  # None: every position, in batch order
         if self._version_index is not None:
             # positions in (version, position) order: the last of a key in that order is its winner
             # (Arrow's sort is stable; a rejected record's null version sorts last, and it is dropped)
             order = self._pc.sort_indices(table.column(self._version_index)).to_pylist()
-        else:
-            order = list(range(n))
         if rejected:
-            order = list(itertools.filterfalse(rejected.__contains__, order))
-        taken = self._pa.array(order, type=self._pa.int64())
-        key_columns = [table.column(i).take(taken).to_pylist() for i in self._key_index]
+            order = list(itertools.filterfalse(rejected.__contains__, range(n) if order is None else order))
+        columns = [table.column(i) for i in self._key_index]
+        if order is not None:
+            taken = self._pa.array(order, type=self._pa.int64())
+            columns = [column.take(taken) for column in columns]
+        key_columns = [column.to_pylist() for column in columns]
         keys = key_columns[0] if len(key_columns) == 1 else list(zip(*key_columns, strict=True))
-        return sorted(dict(zip(keys, order, strict=True)).values())
+        return sorted(dict(zip(keys, range(n) if order is None else order, strict=True)).values())
 
 
 def _null_at(array: Any, rejected: set[int]) -> bool:
