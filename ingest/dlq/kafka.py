@@ -41,9 +41,9 @@ import threading
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
+import msgspec
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from ingest.config import DlqSettings, KafkaSettings
@@ -196,7 +196,7 @@ class KafkaDlq:
             references.append((entry, [*headers, ("ingest.stored_in", self._stored_in.encode()),
                                        ("ingest.value_bytes", str(len(value)).encode()),
                                        ("ingest.value_sha256", hashlib.sha256(value).hexdigest().encode())]))
-        refused = self._produce([(DlqEntry(e.pipeline, replace(e.record, value=None), e.failure), h)
+        refused = self._produce([(DlqEntry(e.pipeline, msgspec.structs.replace(e.record, value=None), e.failure), h)
                                  for e, h in references])
         if refused:
             raise UnclassifiedError(f"the DLQ topic {self._topic!r} refuses even the reference to record "

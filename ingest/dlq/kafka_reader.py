@@ -25,10 +25,10 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+import msgspec
 from confluent_kafka import (
     Consumer,
     KafkaError,
@@ -154,7 +154,7 @@ class KafkaDlqReader:
         record = Record(h.get("ingest.topic", ""), int(h.get("ingest.partition") or -1), int(h.get("ingest.offset") or -1),
                         msg.key(), msg.value(), int(ts) if ts else None, headers, origin_of(headers))
         if "ingest.stored_in" in h and self._table is not None:
-            record = replace(record, value=self._table.value_of(self._pipeline, record))
+            record = msgspec.structs.replace(record, value=self._table.value_of(self._pipeline, record))
         failed_at = _time(h.get("ingest.failed_at"))
         return DlqRow(id=f"{msg.partition()}:{msg.offset()}", record=record,
                       failure=Failure(h.get("ingest.stage", ""), h.get("ingest.error_class", ""),

@@ -18,6 +18,7 @@ Rebalance callbacks run inside :meth:`KafkaSource.poll` on the calling thread.
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Iterable
 from typing import Any
 
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 _error_of, _headers_of, _timestamp_of = Message.error, Message.headers, Message.timestamp
 _topic_of, _partition_of, _offset_of = Message.topic, Message.partition, Message.offset
 _key_of, _value_of = Message.key, Message.value
+_stamp_of = operator.itemgetter(1)  # of Message.timestamp()'s (type, milliseconds)
 
 _SAFETY = {"enable.auto.commit": False, "enable.auto.offset.store": False, "enable.partition.eof": False}
 _DEFAULTS: dict[str, Any] = {
@@ -114,7 +116,9 @@ class KafkaSource:
         # The common chunk -- no errors, no headers -- field by field with C-level maps, not a Python
         # loop over the messages (each method call costs the same either way, the loop does not).
         if list(map(_error_of, messages)).count(None) == n and list(map(_headers_of, messages)).count(None) == n:
-            stamps = [ts if ts >= 0 else None for _, ts in map(_timestamp_of, messages)]
+            stamps = list(map(_stamp_of, map(_timestamp_of, messages)))
+            if min(stamps) < 0:  # a message without a timestamp (-1): None
+                stamps = [ts if ts >= 0 else None for ts in stamps]
             return list(map(Record, map(_topic_of, messages), map(_partition_of, messages),
                             map(_offset_of, messages), map(_key_of, messages), map(_value_of, messages), stamps))
         return self._records(messages)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import struct
@@ -11,6 +10,7 @@ from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -868,7 +868,7 @@ METADATA = Mapper({
 def test_fast_path_metadata_reads_agree(topic: str, partition: int, offset: int, timestamp_ms: int | None,
                                         origin: tuple[str, int, int] | None) -> None:
     """The inlined @topic/@partition/@offset/@stream/@timestamp reads (a republished record: its origin's)."""
-    record = dataclasses.replace(rec({"n": 1}, topic=topic, partition=partition, offset=offset,
+    record = msgspec.structs.replace(rec({"n": 1}, topic=topic, partition=partition, offset=offset,
                                      timestamp_ms=timestamp_ms), origin=origin)
     assert_fast_path_agrees(METADATA, record)
     if timestamp_ms is not None and 0 <= timestamp_ms < 2**40:
