@@ -47,7 +47,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import children_cpu_s, consume_all, create_topic, produce  # noqa: E402
+from common import BusySampler, children_cpu_s, consume_all, create_topic, produce  # noqa: E402
 from components import bare_consume  # noqa: E402
 from pg_pipeline import WIDTH, check_table, e2e_config, make_table, sink_settings  # noqa: E402
 
@@ -201,12 +201,16 @@ def run_ingest(bootstrap: str, dsn: str, topic: str, table: str, columnar: bool 
                 time.sleep(0.005)
             pid = psutil.Process(proc.pid).children()[0].pid
         sampler = ThreadCpu(pid)
-        if proc.wait() != 0:
-            raise SystemExit(f"ingest run exited {proc.returncode}")
+        with BusySampler() as busy:
+            if proc.wait() != 0:
+                raise SystemExit(f"ingest run exited {proc.returncode}")
         process_cpu_s = children_cpu_s() - before
         groups = sampler.join()
-        data = orjson.loads(summary.read_bytes())
-    return process_cpu_s, groups, sampler.names(), data["pipelines"]["bench"]
+        stats = orjson.loads(summary.read_bytes())["pipelines"]["bench"]
+    # the machine's busy CPU (every process) from the first record to the last batch handled
+    window = stats.get("busy_window_s") or [None, None]
+    stats["machine_cpu_s"] = busy.cpu_s(*window) if None not in window else None
+    return process_cpu_s, groups, sampler.names(), stats
 
 
 #: A sample of a thread that was in no frame of ingest's.
@@ -254,7 +258,7 @@ def main() -> None:
     expected = {row[0]: tuple(row[:WIDTH]) for row in (mapper.map(rec)[0] for rec in records)}
 
     idle_s, idle_groups, _, _ = run_ingest(bootstrap, dsn, idle_topic, "bench_profile_idle", columnar)
-    totals, per_group, floors = [], collections.defaultdict(list), []
+    totals, per_group, floors, machine, rates = [], collections.defaultdict(list), [], [], []
     for r in range(args.rounds):
         floors.append(bare_consume(kafka, topic, n) / n * 1e6)
         table = f"bench_profile_{r}"
@@ -263,10 +267,12 @@ def main() -> None:
         if stats["records_consumed"] != n:
             raise SystemExit(f"round {r + 1}: consumed {stats['records_consumed']} of {n}")
         totals.append((cpu_s - idle_s) / n * 1e6)
+        rates.append(stats["records_consumed"] / stats["busy_s"])
+        machine.append(stats["machine_cpu_s"] / n * 1e6)
         for group in {*groups, *idle_groups}:
             per_group[group].append((groups.get(group, 0.0) - idle_groups.get(group, 0.0)) / n * 1e6)
         print(f"round {r + 1}/{args.rounds}: own CPU {totals[-1]:.2f} µs/record, bare consume() {floors[-1]:.2f}, "
-              f"{stats['records_consumed'] / stats['busy_s']:,.0f} records/s", flush=True)
+              f"{rates[-1]:,.0f} records/s, the machine's CPU {machine[-1]:.2f} µs/record", flush=True)
 
     own = statistics.median(totals)
     group_us = {group: statistics.median(v) for group, v in per_group.items()}
@@ -278,6 +284,12 @@ def main() -> None:
     print(f"  {'sum of the threads':28s} {threads_sum:6.2f} µs")
     print(f"  {'the process (rusage)':28s} {own:6.2f} µs   (issue #19's goal: 4 µs; the bare consume() loop "
           f"over the same records: {statistics.median(floors):.2f} µs, × {own / statistics.median(floors):.2f})")
+    cores = os.cpu_count() or 1
+    machine_us, rate = statistics.median(machine), statistics.median(rates)
+    print(f"\nthe machine's CPU per record while it ran (every process: broker, PostgreSQL, ingest): {machine_us:.2f} µs, "
+          f"of which ingest's own {own:.2f} and the rest {machine_us - own:.2f}; at {rate:,.0f} records/s that is "
+          f"{rate * machine_us / 1e6:.2f} of {cores} cores busy (cap at this CPU per record: "
+          f"{cores * 1e6 / machine_us:,.0f} records/s)")
     if args.no_py_spy or PY_SPY is None:
         if not args.no_py_spy:
             print("\npy-spy is not installed (pip install py-spy): no by-stage profile")

@@ -55,6 +55,15 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
       re.compile(r"\(e\) ingest run, lanes=1 .*written columnar 100\.00 %"),
       re.compile(r"\(e\) ingest run, lanes=1, rows .*fast path 100\.00 %"),
       re.compile(r"row path \(lanes=1, rows\): e / \(a\) = [\d.]+, own CPU [\d.]+ us per record"))),
+    # ingest's own CPU by thread (threads named by bench/thread_names.py) and by stage (py-spy's stacks
+    # of the pipeline thread given to the hot path's stages)
+    ("hot_path_profile.py", ["--records", "3000", "--rounds", "1"],
+     (re.compile(r"^  pipeline thread +-?[\d.]+ µs$", re.MULTILINE),
+      re.compile(r"^  librdkafka +-?[\d.]+ µs$", re.MULTILINE),
+      re.compile(r"^  the process \(rusage\) +-?[\d.]+ µs", re.MULTILINE),
+      "of which ingest's own",
+      re.compile(r"^pipeline thread by stage \(py-spy, \d+ samples", re.MULTILINE),
+      re.compile(r"^  consume\(\) in librdkafka / Message objects +[\d.]+%", re.MULTILINE))),
     ("sink_cpu.py", ["--rows", "300", "--batches", "2", "--rounds", "1"],
      (re.compile(r"PostgresSink\.write, 2 x 300 rows, median of 1: client CPU [\d.]+ us/row"),)),
     # each stage of the hot path alone; it checks the table its writes filled
