@@ -80,12 +80,13 @@ class ColumnarTier:
         self._offered = self._declined = 0
         self.on = True
 
-    def build(self, items: Sequence[Item]) -> ColumnarPlanned | None:
+    def build(self, items: Sequence[Item], records: Sequence[Record] | None = None) -> ColumnarPlanned | None:
         """The batch as a columnar write plus its poison records, or None: map and write it by rows.
-        Never raises for any record content."""
+        ``records``: the items' records, when the caller has listed them. Never raises for any record
+        content."""
         if not self.on:
             return None
-        built = self._plan.build(list(map(_record_of, items)))
+        built = self._plan.build(list(map(_record_of, items)) if records is None else records)
         poison: list[tuple[Item, Failure]] = []
         if built is not None:
             for i in built.rejected:

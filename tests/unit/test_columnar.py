@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from ingest.config import RetrySettings
 from ingest.core.collapse import collapse
 from ingest.core.mapping import Mapper
-from ingest.core.mapping.columnar import DECODE_PIECE
+from ingest.core.mapping.columnar import DECODE_PIECE, _framed
 from ingest.errors import InvalidRecord, PermanentError, TransientError
 from ingest.config import PipelineSettings
 from ingest.runner.columnar import ColumnarTier, columnar_tier
@@ -190,6 +190,17 @@ def test_a_dirty_batch_rejects_exactly_its_poison_and_keeps_every_record_around_
     assert built is not None
     assert built.rejected == sorted(bad)
     assert {row["event_id"]: _as_database_would(row) for row in built.table.to_pylist()} == expected
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.binary(max_size=4).map(lambda b: b.replace(b"\n", b"")) |
+                st.lists(st.sampled_from([b"{", b"}", b" ", b"x", b"{}", b"}{"]), max_size=4).map(b"".join),
+                min_size=1, max_size=6))
+def test_a_batch_is_framed_exactly_when_every_value_starts_with_a_brace_and_ends_with_one(raw):
+    """The decoder's framing rule (``_framed``, one scan of the joined batch) against its definition,
+    value by value, on values without newlines (the plan declines a batch that has one)."""
+    expected = all(v[:1] == b"{" and v[-1:] == b"}" for v in raw)
+    assert _framed(b"\n".join(raw), len(raw)) is expected
 
 
 def _as_is(table):

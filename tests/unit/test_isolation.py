@@ -315,6 +315,20 @@ def test_a_prepared_batch_is_written_like_its_items_and_stays_as_it_was_made() -
     assert [offset for offset, _ in outcomes[0][1]] == [3, 890, 899] and outcomes[0][4] == {(TP, 1): list(range(900))}
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["orders", "refunds"]), st.integers(0, 2), st.integers(1, 2)),
+                min_size=1, max_size=40))
+def test_a_prepared_batch_settles_every_offset_under_its_partition_and_epoch(positions) -> None:
+    """``done`` of a prepared batch: each item's offset under (its partition, its epoch), in batch order,
+    however the batch interleaves topics, partitions and assignment epochs."""
+    items = [Item(Record(topic, partition, offset, b"k", b"{}", None), (offset,), None, epoch, 10)
+             for offset, (topic, partition, epoch) in enumerate(positions)]
+    expected: dict[tuple[Partition, int], list[int]] = {}
+    for it in items:
+        expected.setdefault((it.record.tp, it.epoch), []).append(it.record.offset)
+    assert make_writer(RowSink(), FakeDlq()).prepare(items).done == expected
+
+
 def test_writer_retries_transient_errors_during_isolation_and_dead_letters_only_poison() -> None:
     items = [item(o, o, bad=o == 33) for o in range(256)]
     sink, dlq = RowSink(transient_every=3), FakeDlq()

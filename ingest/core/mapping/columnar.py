@@ -7,7 +7,8 @@ timestamp columns -- :class:`ColumnarPlan` does that work per batch instead:
 
 1. the batch's values are joined by newlines and decoded in one C call by the typed tier's own
    msgspec decoder (:func:`~ingest.core.mapping.fastmap.typed_lines_decoder`: a Struct of exactly
-   the keys the columns read, unknown fields refused), after checking that no value holds a
+   the keys the columns read, unknown fields refused, a key read only by integer or only by text
+   columns typed so), after checking that no value holds a
    newline and that each is framed as one object (:func:`_framed`), so document ``i`` is record
    ``i`` (a batch that is not, or whose decode fails, is decoded in pieces of
    :data:`DECODE_PIECE` values, a failing piece in halves: :meth:`ColumnarPlan._decode`);
@@ -83,6 +84,10 @@ DECODE_PIECE = 64
 #: The Python types a column of each kind may hold, null (a missing value) included.
 _STAGED_TYPES = {kind: frozenset({t, type(None)})
                  for kind, t in (("int", int), ("text", str), ("decimal", float), ("epoch_ms", int))}
+
+#: The kinds whose values the decoder can check itself (:data:`~ingest.core.mapping.fastmap.TYPED_FIELDS`:
+#: exactly the Python types of :data:`_STAGED_TYPES`).
+_DECODED_AS = {"int": "int", "epoch_ms": "int", "text": "str"}
 
 _value_of = operator.attrgetter("value")
 _origin_of = operator.attrgetter("origin")
@@ -189,22 +194,32 @@ class ColumnarPlan:
         self._pa, self._pc = pa, pc
         self.columns = tuple(kinds)
         self._names = list(names)
-        self._decode_lines = typed_lines_decoder(keys)
+        # The decoder checks a key's type itself (refusing the document) when every column reading
+        # that key stages one type: those columns' values need no type check of their own.
+        staged_as: dict[str, set[str | None]] = {}
+        for col, staged in zip(columns, kinds, strict=True):
+            if col.doc_key is not None:
+                staged_as.setdefault(col.doc_key, set()).add(_DECODED_AS.get(staged.kind))
+        decoded_as = [next(iter(staged_as[key])) if len(staged_as.get(key, ())) == 1 else None for key in keys]
+        self._decode_lines = typed_lines_decoder(keys, decoded_as)
         self._empty = self._decode_lines(b"{}")[0]  # the document of a refused value (all fields missing)
         fields = {key: f"f{j}" for j, key in enumerate(keys)}
         self._stream = memoised_stream_id(stream_id)
-        #: per column: (how to read its values from (docs, records), how it is staged, required)
-        self._readers: list[tuple[Callable[[list[Any], Sequence[Record]], list[Any]], StagedColumn, bool]] = []
+        #: per column: (how to read its values from (docs, records), how it is staged, required, whether
+        #: the decoder has checked its values' type)
+        self._readers: list[tuple[Callable[[list[Any], Sequence[Record]], list[Any]], StagedColumn, bool, bool]] = []
         for col, staged in zip(columns, kinds, strict=True):
+            typed = False
             if col.doc_key is not None:
                 get = operator.attrgetter(fields[col.doc_key])
                 reader = _doc_reader(get)
+                typed = decoded_as[keys.index(col.doc_key)] is not None
             elif col.metadata == "@stream":
                 reader = self._stream_reader
             else:
                 assert col.metadata in _METADATA, col.metadata
                 reader = _record_reader(_METADATA[col.metadata])
-            self._readers.append((reader, staged, col.required))
+            self._readers.append((reader, staged, col.required, typed))
         self._key_index = key_index
         self._version_index = version_index
         # pyarrow imports pandas (when installed) on its first array from a list: at start-up, not in
@@ -255,10 +270,11 @@ class ColumnarPlan:
         self._decode(values, 0, docs, rejected, joined)
         arrays = []
         bad = None
-        for reader, staged, required in self._readers:
+        for reader, staged, required, typed in self._readers:
             kind = staged.kind
             column = reader(docs, records)
-            if not set(map(type, column)) <= _STAGED_TYPES[kind]:  # some value needs the row mapper's coercion
+            if not typed and not set(map(type, column)) <= _STAGED_TYPES[kind]:
+                # some value needs the row mapper's coercion
                 column, mask = _without_wrong_types(column, _STAGED_TYPES[kind])
                 mask = pa.array(mask)
                 bad = mask if bad is None else pc.or_(bad, mask)
@@ -380,9 +396,11 @@ def _framed(joined: bytes, n: int) -> bool:
     documents from ``n`` lines alone proves nothing. With the rule no document spans a newline (the
     next line starts with ``{`` where a document in progress needs ``,``, ``}`` or ``]``, and a string
     cannot hold a raw newline), so every line holds at least one document, and ``n`` of them means
-    exactly one each. A batch that breaks the rule is decoded value by value."""
-    return (joined[:1] == b"{" and joined[-1:] == b"}"
-            and joined.count(b"\n{") == n - 1 and joined.count(b"}\n") == n - 1)
+    exactly one each. A batch that breaks the rule is decoded in pieces (:meth:`ColumnarPlan._decode`).
+
+    One scan: each of the ``n - 1`` newlines must sit in its own ``}\n{`` (the occurrences cannot
+    overlap: each holds exactly one newline), which with a leading ``{`` and a trailing ``}`` is the rule."""
+    return joined[:1] == b"{" and joined[-1:] == b"}" and joined.count(b"}\n{") == n - 1
 
 
 def _doc_reader(get: Callable[[Any], Any]) -> Callable[[list[Any], Sequence[Record]], list[Any]]:

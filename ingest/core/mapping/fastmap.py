@@ -261,19 +261,33 @@ def typed_document(keys: Sequence[str]) -> Callable[[bytes], Any]:
     return msgspec.json.Decoder(_typed_struct(keys)).decode
 
 
-def typed_lines_decoder(keys: Sequence[str]) -> Callable[[bytes], list[Any]]:
+#: Narrower field types a lines decoder can be asked for (:func:`typed_lines_decoder`): an integer
+#: of the signed 64-bit range (never a bool or a float), or a string; either, or None.
+TYPED_FIELDS: dict[str, Any] = {
+    "int": Union[Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)], None],  # noqa: UP007
+    "str": Union[str, None],  # noqa: UP007
+}
+
+
+def typed_lines_decoder(keys: Sequence[str], fields: Sequence[str | None] | None = None
+                        ) -> Callable[[bytes], list[Any]]:
     """:func:`typed_document`'s decoder for newline-delimited documents: one C call decodes a batch
     (``msgspec.json.Decoder.decode_lines``); each line holds to :func:`typed_document`'s contract,
     and the whole call raises when any line does. It reads whitespace-separated documents, not
     lines: a blank line yields nothing, a line may hold two documents and a document span two
-    lines, so a caller must frame its lines (see ``ingest.core.mapping.columnar._framed``)."""
-    return msgspec.json.Decoder(_typed_struct(keys)).decode_lines
+    lines, so a caller must frame its lines (see ``ingest.core.mapping.columnar._framed``).
+
+    ``fields[j]``, when given and not None, narrows ``keys[j]`` to a :data:`TYPED_FIELDS` type: a
+    document whose value there is of another type is refused like a malformed one."""
+    return msgspec.json.Decoder(_typed_struct(keys, fields)).decode_lines
 
 
-def _typed_struct(keys: Sequence[str]) -> Any:
-    """The Struct of :func:`typed_document`: field ``f<j>`` is ``keys[j]``, unknown fields refused."""
+def _typed_struct(keys: Sequence[str], fields: Sequence[str | None] | None = None) -> Any:
+    """The Struct of :func:`typed_document`: field ``f<j>`` is ``keys[j]`` (of type
+    ``TYPED_FIELDS[fields[j]]`` when that is given, else any JSON scalar), unknown fields refused."""
     names = [f"f{j}" for j in range(len(keys))]
-    return msgspec.defstruct("TypedDocument", [(name, _SCALAR, None) for name in names],
+    types = [TYPED_FIELDS[f] if f is not None else _SCALAR for f in (fields or [None] * len(keys))]
+    return msgspec.defstruct("TypedDocument", [(name, t, None) for name, t in zip(names, types, strict=True)],
                              rename=dict(zip(names, keys, strict=True)), forbid_unknown_fields=True, gc=False)
 
 
