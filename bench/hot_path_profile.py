@@ -300,7 +300,7 @@ def main() -> None:
         _, _, names, stats = run_ingest(bootstrap, dsn, topic, table, columnar, spy=raw)
         check_table(dsn, table, expected)
         shares = stage_shares(raw, names)
-    for group in ("pipeline thread", "lane"):
+    for group in ("pipeline thread", "lane", "main and others"):
         stages = shares.get(group)
         if not stages:
             continue

@@ -51,7 +51,7 @@ from ingest.errors import (
 )
 from ingest.retry import retrying
 from ingest.sinks.base import ExactlyOnceFn, dedup_token, offsets_token
-from ingest.types import DeleteRow, Failure, Item, Partition, Record
+from ingest.types import DeleteRow, Failure, Item, Partition
 
 if TYPE_CHECKING:
     from ingest.runner.columnar import ColumnarPlanned, ColumnarTier
@@ -172,15 +172,18 @@ class BatchWriter:
         tier's write, else the items mapped by rows and planned. :meth:`handle` takes the result (or
         plans there itself)."""
         records = list(map(_record_of, items))
+        # the records' fields the bookkeeping lists, which the columnar tier's plan reads too
+        listed = {"topic": list(map(_topic_of, records)), "partition": list(map(_partition_of, records)),
+                  "offset": list(map(_offset_of, records))}
         done: dict[tuple[Partition, int], list[int]] = {}
-        _collect_done(items, records, done)
+        _collect_done(listed["topic"], listed["partition"], listed["offset"], list(map(_epoch_of, items)), done)
         stamps = list(map(_timestamp_of, records))
         if None in stamps:
             stamps = [t for t in stamps if t is not None]
         size, oldest = sum(map(_size_of, items)), min(stamps, default=None)
         tier = self._columnar
         if tier is not None:
-            planned = tier.build(items, records)
+            planned = tier.build(items, records, listed)
             if planned is not None:
                 return PreparedBatch(items, size, oldest, done, None, None, planned)
             items = [tier.map_item(item) for item in items]
@@ -373,21 +376,18 @@ _partition_of = operator.attrgetter("partition")
 _offset_of = operator.attrgetter("offset")
 
 
-def _collect_done(items: Sequence[Item], records: Sequence[Record],
+def _collect_done(topics: list[str], partitions: list[int], offsets: list[int], epochs: list[int],
                   done: dict[tuple[Partition, int], list[int]]) -> None:
     """Add every item's offset to ``done[(partition, epoch)]``, a run of one partition at a time
-    (``records``: the items' records). Per item, only C calls: the runs are found by comparing
-    neighbours' partitions (and, when the batch mixes them, topics and epochs) with ``map``."""
-    n = len(records)
+    (the batch's items' topics, partitions, offsets and epochs, in order). Per item, only C calls:
+    the runs are found by comparing neighbours' partitions (and, when the batch mixes them, topics
+    and epochs) with ``map``."""
+    n = len(offsets)
     if n == 0:
         return
-    offsets = list(map(_offset_of, records))
-    partitions = list(map(_partition_of, records))
     changed = map(operator.ne, partitions, itertools.islice(partitions, 1, None))
-    epochs = list(map(_epoch_of, items))
     if epochs.count(epochs[0]) != n:
         changed = map(operator.or_, changed, map(operator.ne, epochs, itertools.islice(epochs, 1, None)))
-    topics = list(map(_topic_of, records))
     if topics.count(topics[0]) != n:
         changed = map(operator.or_, changed, map(operator.ne, topics, itertools.islice(topics, 1, None)))
     starts = [0, *itertools.compress(range(1, n), changed)]

@@ -80,13 +80,14 @@ class ColumnarTier:
         self._offered = self._declined = 0
         self.on = True
 
-    def build(self, items: Sequence[Item], records: Sequence[Record] | None = None) -> ColumnarPlanned | None:
+    def build(self, items: Sequence[Item], records: Sequence[Record] | None = None,
+              listed: dict[str, list[Any]] | None = None) -> ColumnarPlanned | None:
         """The batch as a columnar write plus its poison records, or None: map and write it by rows.
-        ``records``: the items' records, when the caller has listed them. Never raises for any record
-        content."""
+        ``records``: the items' records, when the caller has listed them; ``listed``: fields of them
+        it has listed too (see :meth:`ColumnarPlan.build`). Never raises for any record content."""
         if not self.on:
             return None
-        built = self._plan.build(list(map(_record_of, items)) if records is None else records)
+        built = self._plan.build(list(map(_record_of, items)) if records is None else records, listed)
         poison: list[tuple[Item, Failure]] = []
         if built is not None:
             for i in built.rejected:

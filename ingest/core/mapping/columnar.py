@@ -66,12 +66,13 @@ from ingest.types import Record
 #: ``epoch_ms`` (int8 milliseconds; the upsert adds them to the epoch).
 KINDS = ("int", "text", "decimal", "epoch_ms")
 
-#: Metadata sources the tier reads off the records (a republished record declines the batch).
-_METADATA: dict[str, Callable[[Record], Any]] = {
-    "@topic": operator.attrgetter("topic"),
-    "@partition": operator.attrgetter("partition"),
-    "@offset": operator.attrgetter("offset"),
-    "@timestamp": operator.attrgetter("timestamp_ms"),
+#: Metadata sources the tier reads off the records (a republished record declines the batch): the
+#: record's attribute, and the Python type of its values (or None).
+_METADATA: dict[str, tuple[str, type]] = {
+    "@topic": ("topic", str),
+    "@partition": ("partition", int),
+    "@offset": ("offset", int),
+    "@timestamp": ("timestamp_ms", int),
 }
 
 #: The signed 64-bit range of the tier's integer arrays (the typed decoder refuses integers beyond it).
@@ -89,10 +90,6 @@ _STAGED_TYPES = {kind: frozenset({t, type(None)})
 #: exactly the Python types of :data:`_STAGED_TYPES`).
 _DECODED_AS = {"int": "int", "epoch_ms": "int", "text": "str"}
 
-_value_of = operator.attrgetter("value")
-_origin_of = operator.attrgetter("origin")
-_topic_of = operator.attrgetter("topic")
-_partition_of = operator.attrgetter("partition")
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,20 +202,22 @@ class ColumnarPlan:
         self._empty = self._decode_lines(b"{}")[0]  # the document of a refused value (all fields missing)
         fields = {key: f"f{j}" for j, key in enumerate(keys)}
         self._stream = memoised_stream_id(stream_id)
-        #: per column: (how to read its values from (docs, records), how it is staged, required, whether
-        #: the decoder has checked its values' type)
-        self._readers: list[tuple[Callable[[list[Any], Sequence[Record]], list[Any]], StagedColumn, bool, bool]] = []
+        #: per column: (how to read its values from (docs, the batch's fields), how it is staged,
+        #: required, whether its values are known to be of the staged types: checked by the decoder, or
+        #: metadata of such a type)
+        self._readers: list[tuple[Callable[[list[Any], BatchFields], list[Any]], StagedColumn, bool, bool]] = []
         for col, staged in zip(columns, kinds, strict=True):
-            typed = False
             if col.doc_key is not None:
-                get = operator.attrgetter(fields[col.doc_key])
-                reader = _doc_reader(get)
+                reader = _doc_reader(operator.attrgetter(fields[col.doc_key]))
                 typed = decoded_as[keys.index(col.doc_key)] is not None
             elif col.metadata == "@stream":
                 reader = self._stream_reader
+                typed = int in _STAGED_TYPES[staged.kind]
             else:
                 assert col.metadata in _METADATA, col.metadata
-                reader = _record_reader(_METADATA[col.metadata])
+                name, python_type = _METADATA[col.metadata]
+                reader = _field_reader(name)
+                typed = python_type in _STAGED_TYPES[staged.kind]
             self._readers.append((reader, staged, col.required, typed))
         self._key_index = key_index
         self._version_index = version_index
@@ -241,26 +240,29 @@ class ColumnarPlan:
             return kind if kind == "int" and lo <= STREAM_ID_MIN and hi >= STREAM_ID_MAX else None
         return kind if col.metadata in _METADATA else None
 
-    def _stream_reader(self, docs: list[Any], records: Sequence[Record]) -> list[Any]:
+    def _stream_reader(self, docs: list[Any], fields: BatchFields) -> list[Any]:
         """The ``@stream`` column: one digest per partition of the batch, looked up per record in C."""
         stream = self._stream
-        partitions = list(map(_partition_of, records))
-        topics = set(map(_topic_of, records))
+        partitions = fields("partition")
+        topics = set(fields("topic"))
         if len(topics) != 1:
-            return list(map(stream, map(_topic_of, records), partitions))
+            return list(map(stream, fields("topic"), partitions))
         topic = topics.pop()
         ids = {p: stream(topic, p) for p in set(partitions)}
         return list(map(ids.__getitem__, partitions))
 
-    def build(self, records: Sequence[Record]) -> ColumnarBatch | None:
+    def build(self, records: Sequence[Record], listed: dict[str, list[Any]] | None = None) -> ColumnarBatch | None:
         """The batch as collapsed Arrow columns plus the records left to the row mapper; None declines
-        the whole batch. Never raises for any record content."""
+        the whole batch. ``listed``: fields of the records the caller has already listed, by attribute
+        name (``offset``: each record's offset, in order...), not listed again. Never raises for any
+        record content."""
         pa, pc = self._pa, self._pc
         n = len(records)
         if n == 0:
             return None
-        values = list(map(_value_of, records))
-        if None in values or list(map(_origin_of, records)).count(None) != n:
+        fields = BatchFields(records, listed)
+        values = fields("value")
+        if None in values or fields("origin").count(None) != n:
             return None  # tombstones and republished records: the row path
         joined = b"\n".join(values)
         if joined.count(b"\n") != n - 1:
@@ -269,10 +271,11 @@ class ColumnarPlan:
         rejected: set[int] = set()
         self._decode(values, 0, docs, rejected, joined)
         arrays = []
+        values_of: list[list[Any]] = []  # each column's values as Python objects (the collapse's keys)
         bad = None
         for reader, staged, required, typed in self._readers:
             kind = staged.kind
-            column = reader(docs, records)
+            column = reader(docs, fields)
             if not typed and not set(map(type, column)) <= _STAGED_TYPES[kind]:
                 # some value needs the row mapper's coercion
                 column, mask = _without_wrong_types(column, _STAGED_TYPES[kind])
@@ -294,12 +297,13 @@ class ColumnarPlan:
                 check = pc.fill_null(check, False)
                 bad = check if bad is None else pc.or_(bad, check)
             arrays.append(array)
+            values_of.append(column)
         if bad is not None and pc.any(bad).as_py():
             rejected.update(pc.indices_nonzero(bad).to_pylist())
         table = pa.Table.from_arrays(arrays, names=self._names)
         if self._version_index is not None and _null_at(table.column(self._version_index), rejected):
             return None  # a record without a version: the row path decides
-        keep = self._survivors(table, n, rejected)
+        keep = self._survivors(table, values_of, n, rejected)
         if keep is not None:
             table = table.take(pa.array(keep, type=pa.int64()))
         return ColumnarBatch(table, sorted(rejected))
@@ -339,10 +343,12 @@ class ColumnarPlan:
             docs.append(self._empty)
             rejected.add(start)
 
-    def _survivors(self, table: Any, n: int, rejected: set[int]) -> list[int] | None:
+    def _survivors(self, table: Any, values_of: list[list[Any]], n: int, rejected: set[int]) -> list[int] | None:
         """Row positions to keep: the accepted records, the winner of each key (None: every row) --
         the last record, or with a version column the highest version, ties to the last (as
-        :func:`ingest.core.collapse.collapse` orders a group). Per record, only C calls."""
+        :func:`ingest.core.collapse.collapse` orders a group). ``values_of``: each column of ``table``
+        as the Python values it was built from (the keys, without reading them back from Arrow). Per
+        record, only C calls."""
         if self._key_index is None:
             return None if not rejected else list(itertools.filterfalse(rejected.__contains__, range(n)))
         order: list[int] | None = None  # None: every position, in batch order
@@ -352,11 +358,9 @@ class ColumnarPlan:
             order = self._pc.sort_indices(table.column(self._version_index)).to_pylist()
         if rejected:
             order = list(itertools.filterfalse(rejected.__contains__, range(n) if order is None else order))
-        columns = [table.column(i) for i in self._key_index]
+        key_columns = [values_of[i] for i in self._key_index]
         if order is not None:
-            taken = self._pa.array(order, type=self._pa.int64())
-            columns = [column.take(taken) for column in columns]
-        key_columns = [column.to_pylist() for column in columns]
+            key_columns = [list(map(column.__getitem__, order)) for column in key_columns]
         keys = key_columns[0] if len(key_columns) == 1 else list(zip(*key_columns, strict=True))
         return sorted(dict(zip(keys, range(n) if order is None else order, strict=True)).values())
 
@@ -403,16 +407,34 @@ def _framed(joined: bytes, n: int) -> bool:
     return joined[:1] == b"{" and joined[-1:] == b"}" and joined.count(b"}\n{") == n - 1
 
 
-def _doc_reader(get: Callable[[Any], Any]) -> Callable[[list[Any], Sequence[Record]], list[Any]]:
-    def read(docs: list[Any], records: Sequence[Record]) -> list[Any]:
+class BatchFields:
+    """A batch's records and their fields, each listed once (by a C map) when first asked for:
+    ``fields("offset")`` is every record's offset, in order. ``listed``: lists a caller already
+    made, by attribute name, taken as they are."""
+
+    __slots__ = ("_records", "_lists")
+
+    def __init__(self, records: Sequence[Record], listed: dict[str, list[Any]] | None = None) -> None:
+        self._records = records
+        self._lists = dict(listed) if listed else {}
+
+    def __call__(self, name: str) -> list[Any]:
+        got = self._lists.get(name)
+        if got is None:
+            got = self._lists[name] = list(map(operator.attrgetter(name), self._records))
+        return got
+
+
+def _doc_reader(get: Callable[[Any], Any]) -> Callable[[list[Any], BatchFields], list[Any]]:
+    def read(docs: list[Any], fields: BatchFields) -> list[Any]:
         return list(map(get, docs))
 
     return read
 
 
-def _record_reader(get: Callable[[Record], Any]) -> Callable[[list[Any], Sequence[Record]], list[Any]]:
-    def read(docs: list[Any], records: Sequence[Record]) -> list[Any]:
-        return list(map(get, records))
+def _field_reader(name: str) -> Callable[[list[Any], BatchFields], list[Any]]:
+    def read(docs: list[Any], fields: BatchFields) -> list[Any]:
+        return fields(name)
 
     return read
 
