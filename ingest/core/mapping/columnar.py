@@ -48,6 +48,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from ingest.core.dialects import ChType
 from ingest.core.mapping.coerce_ch import CH_DT64_MAX_MS
 from ingest.core.mapping.fastmap import (
@@ -74,6 +76,8 @@ _METADATA: dict[str, tuple[str, type]] = {
     "@offset": ("offset", int),
     "@timestamp": ("timestamp_ms", int),
 }
+
+_astuple = msgspec.structs.astuple
 
 #: The signed 64-bit range of the tier's integer arrays (the typed decoder refuses integers beyond it).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -200,15 +204,16 @@ class ColumnarPlan:
         decoded_as = [next(iter(staged_as[key])) if len(staged_as.get(key, ())) == 1 else None for key in keys]
         self._decode_lines = typed_lines_decoder(keys, decoded_as)
         self._empty = self._decode_lines(b"{}")[0]  # the document of a refused value (all fields missing)
-        fields = {key: f"f{j}" for j, key in enumerate(keys)}
         self._stream = memoised_stream_id(stream_id)
-        #: per column: (how to read its values from (docs, the batch's fields), how it is staged,
+        #: per column: (how to read its values from (the documents' fields, each a sequence over the
+        #: batch, in the decoder's field order; the batch's record fields), how it is staged,
         #: required, whether its values are known to be of the staged types: checked by the decoder, or
         #: metadata of such a type)
-        self._readers: list[tuple[Callable[[list[Any], BatchFields], list[Any]], StagedColumn, bool, bool]] = []
+        self._readers: list[tuple[Callable[[list[Sequence[Any]], BatchFields], Sequence[Any]], StagedColumn, bool,
+                                  bool]] = []
         for col, staged in zip(columns, kinds, strict=True):
             if col.doc_key is not None:
-                reader = _doc_reader(operator.attrgetter(fields[col.doc_key]))
+                reader = _doc_reader(keys.index(col.doc_key))
                 typed = decoded_as[keys.index(col.doc_key)] is not None
             elif col.metadata == "@stream":
                 reader = self._stream_reader
@@ -270,12 +275,14 @@ class ColumnarPlan:
         docs: list[Any] = []
         rejected: set[int] = set()
         self._decode(values, 0, docs, rejected, joined)
+        # the documents transposed: one sequence per field, in C (a tuple per document, then zip)
+        by_field: list[Sequence[Any]] = list(zip(*map(_astuple, docs)))
         arrays = []
-        values_of: list[list[Any]] = []  # each column's values as Python objects (the collapse's keys)
+        values_of: list[Sequence[Any]] = []  # each column's values as Python objects (the collapse's keys)
         bad = None
         for reader, staged, required, typed in self._readers:
             kind = staged.kind
-            column = reader(docs, fields)
+            column = reader(by_field, fields)
             if not typed and not set(map(type, column)) <= _STAGED_TYPES[kind]:
                 # some value needs the row mapper's coercion
                 column, mask = _without_wrong_types(column, _STAGED_TYPES[kind])
@@ -343,7 +350,7 @@ class ColumnarPlan:
             docs.append(self._empty)
             rejected.add(start)
 
-    def _survivors(self, table: Any, values_of: list[list[Any]], n: int, rejected: set[int]) -> list[int] | None:
+    def _survivors(self, table: Any, values_of: list[Sequence[Any]], n: int, rejected: set[int]) -> list[int] | None:
         """Row positions to keep: the accepted records, the winner of each key (None: every row) --
         the last record, or with a version column the highest version, ties to the last (as
         :func:`ingest.core.collapse.collapse` orders a group). ``values_of``: each column of ``table``
@@ -372,7 +379,7 @@ def _null_at(array: Any, rejected: set[int]) -> bool:
     return any(v is None for i, v in enumerate(array.to_pylist()) if i not in rejected)
 
 
-def _without_wrong_types(column: list[Any], staged: frozenset[type]) -> tuple[list[Any], list[bool]]:
+def _without_wrong_types(column: Sequence[Any], staged: frozenset[type]) -> tuple[list[Any], list[bool]]:
     """``column`` with null where a value's type is not one the column stages,
     and the mask of those positions (the records the row mapper must coerce). C calls per value."""
     mask = list(map(operator.not_, map(staged.__contains__, map(type, column))))
@@ -425,9 +432,9 @@ class BatchFields:
         return got
 
 
-def _doc_reader(get: Callable[[Any], Any]) -> Callable[[list[Any], BatchFields], list[Any]]:
-    def read(docs: list[Any], fields: BatchFields) -> list[Any]:
-        return list(map(get, docs))
+def _doc_reader(j: int) -> Callable[[list[Sequence[Any]], BatchFields], Sequence[Any]]:
+    def read(by_field: list[Sequence[Any]], fields: BatchFields) -> Sequence[Any]:
+        return by_field[j]
 
     return read
 
