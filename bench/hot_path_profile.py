@@ -286,8 +286,8 @@ def main() -> None:
           f"over the same records: {statistics.median(floors):.2f} µs, × {own / statistics.median(floors):.2f})")
     cores = os.cpu_count() or 1
     machine_us, rate = statistics.median(machine), statistics.median(rates)
-    print(f"\nthe machine's CPU per record while it ran (every process: broker, PostgreSQL, ingest): {machine_us:.2f} µs, "
-          f"of which ingest's own {own:.2f} and the rest {machine_us - own:.2f}; at {rate:,.0f} records/s that is "
+    print(f"\nthe machine's CPU per record while it ran (every process: broker, PostgreSQL, ingest): "
+          f"{machine_us:.2f} µs, of which ingest's own {own:.2f} and the rest {machine_us - own:.2f}; at {rate:,.0f} records/s that is "
           f"{rate * machine_us / 1e6:.2f} of {cores} cores busy (cap at this CPU per record: "
           f"{cores * 1e6 / machine_us:,.0f} records/s)")
     if args.no_py_spy or PY_SPY is None:

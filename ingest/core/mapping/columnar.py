@@ -95,7 +95,6 @@ _STAGED_TYPES = {kind: frozenset({t, type(None)})
 _DECODED_AS = {"int": "int", "epoch_ms": "int", "text": "str"}
 
 
-
 @dataclass(frozen=True, slots=True)
 class StagedColumn:
     """One sink column as the tier stages it, and the checks its values must pass (the rest go to the
@@ -245,7 +244,7 @@ class ColumnarPlan:
             return kind if kind == "int" and lo <= STREAM_ID_MIN and hi >= STREAM_ID_MAX else None
         return kind if col.metadata in _METADATA else None
 
-    def _stream_reader(self, docs: list[Any], fields: BatchFields) -> list[Any]:
+    def _stream_reader(self, by_field: list[Sequence[Any]], fields: BatchFields) -> list[Any]:
         """The ``@stream`` column: one digest per partition of the batch, looked up per record in C."""
         stream = self._stream
         partitions = fields("partition")
@@ -439,8 +438,8 @@ def _doc_reader(j: int) -> Callable[[list[Sequence[Any]], BatchFields], Sequence
     return read
 
 
-def _field_reader(name: str) -> Callable[[list[Any], BatchFields], list[Any]]:
-    def read(docs: list[Any], fields: BatchFields) -> list[Any]:
+def _field_reader(name: str) -> Callable[[list[Sequence[Any]], BatchFields], list[Any]]:
+    def read(by_field: list[Sequence[Any]], fields: BatchFields) -> list[Any]:
         return fields(name)
 
     return read
