@@ -58,8 +58,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
     # ingest's own CPU by thread (threads named by bench/thread_names.py) and by stage (py-spy's stacks
     # of the pipeline thread given to the hot path's stages)
     ("hot_path_profile.py", ["--records", "3000", "--rounds", "1"],
-     (re.compile(r"^  pipeline thread +-?[\d.]+ µs$", re.MULTILINE),
-      re.compile(r"^  librdkafka +-?[\d.]+ µs$", re.MULTILINE),
+     (re.compile(r"^  pipeline thread +-?[\d.]+ µs +-?[\d.]+ µs$", re.MULTILINE),
+      re.compile(r"^  librdkafka +-?[\d.]+ µs +-?[\d.]+ µs$", re.MULTILINE),
       re.compile(r"^  the process \(rusage\) +-?[\d.]+ µs", re.MULTILINE),
       "of which ingest's own",
       re.compile(r"^pipeline thread by stage \(py-spy, \d+ samples", re.MULTILINE),
