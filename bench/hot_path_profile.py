@@ -18,8 +18,10 @@ which names each Python thread in the OS after its ``threading`` name. Then:
    ingest's consumer settings (process CPU, librdkafka's threads included), in every round.
 3. **By stage** (one more run, under ``py-spy record --nonblocking``, raw stacks): each sample of
    the pipeline and lane threads is given to the innermost stage of :data:`STAGES` on its stack,
-   and the stage's share of its thread's samples times that thread's µs per record (from part 1)
-   is its cost. py-spy counts only samples where a thread was running, so shares are of CPU.
+   and the stage's share of its thread's samples times that thread's µs per record in the busy
+   window (from part 1) is its cost. py-spy counts only samples where a thread was running, so
+   shares are of CPU; they span the whole run (its raw stacks carry no time), but outside the busy
+   window the pipeline thread and the lane mostly wait, which py-spy does not sample.
 
 Exits non-zero when a run's table does not hold each key's last record.
 """
@@ -27,6 +29,7 @@ Exits non-zero when a run's table does not hold each key's last record.
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import inspect
 import os
@@ -64,7 +67,7 @@ PY_SPY = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.exec
 GROUPS: list[tuple[str, re.Pattern[str]]] = [
     ("pipeline thread", re.compile(r"^pipeline-")),
     ("lane", re.compile(r"-lane-\d+$")),
-    ("DLQ pool", re.compile(r"-dlq")),
+    ("DLQ pool", re.compile(r"-dlq|^dlq-")),  # the writer's DLQ executor, the DLQ's connection pool
     ("librdkafka", re.compile(r"^rdk:")),
     ("main and others", re.compile(r"")),
 ]
@@ -176,14 +179,31 @@ class ThreadCpu:
         return {tid: name for tid, (name, _) in self.threads.items()}
 
     def in_window(self, start: float, end: float) -> dict[str, float]:
-        """CPU-seconds per group between monotonic times ``start`` and ``end`` (the samples just
-        before and just after them, ``interval_s`` apart at most; a thread not yet started counts from 0)."""
-        before = max((s for s in self._samples if s[0] <= start), default=(0.0, {}), key=lambda s: s[0])[1]
-        after = min((s for s in self._samples if s[0] >= end), default=self._samples[-1], key=lambda s: s[0])[1]
+        """CPU-seconds per group between monotonic times ``start`` and ``end``: each thread's CPU
+        interpolated between the samples around each time (0 before its first sample, its last value
+        after its last: a thread that started or ended inside the window counts what it used there)."""
+        series: dict[int, tuple[list[float], list[int]]] = {}
+        for at, sample in self._samples:
+            for tid, ns in sample.items():
+                times, values = series.setdefault(tid, ([], []))
+                times.append(at)
+                values.append(ns)
         out: dict[str, float] = collections.defaultdict(float)
-        for tid, ns in after.items():
-            out[_group(self.threads[tid][0])] += (ns - before.get(tid, 0)) / 1e9
+        for tid, (times, values) in series.items():
+            used_ns = _at(times, values, end) - _at(times, values, start)
+            out[_group(self.threads[tid][0])] += used_ns / 1e9
         return dict(out)
+
+
+def _at(times: list[float], values: list[int], t: float) -> float:
+    """A thread's CPU ns at time ``t``, linear between the samples around it (``times`` ascending)."""
+    i = bisect.bisect_left(times, t)
+    if i == 0:
+        return 0.0 if t < times[0] else float(values[0])
+    if i == len(times):
+        return float(values[-1])
+    t0, t1, v0, v1 = times[i - 1], times[i], values[i - 1], values[i]
+    return v0 + (v1 - v0) * (t - t0) / (t1 - t0) if t1 > t0 else float(v1)
 
 
 def run_ingest(bootstrap: str, dsn: str, topic: str, table: str, columnar: bool | None,

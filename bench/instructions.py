@@ -33,13 +33,18 @@ BENCH = Path(__file__).resolve().parent
 BATCH = 5000
 
 
-def worker(n: int, work: bool) -> None:
-    """Make ``n`` records of the stream; with ``work``, do the pipeline thread's batch work on them."""
+def worker(n: int, work: bool, checkout: Path) -> None:
+    """Make ``n`` records of the stream; with ``work``, do the pipeline thread's batch work on them.
+    Exits non-zero unless ``ingest`` is imported from ``checkout``."""
     import itertools
     import operator
     import threading
 
     sys.path.insert(0, str(BENCH))
+    import ingest
+
+    if not Path(ingest.__file__).resolve().is_relative_to(checkout):
+        raise SystemExit(f"ingest was imported from {ingest.__file__}, not from {checkout}")
     from common import event
     from pg_pipeline import COLUMNS
 
@@ -62,6 +67,8 @@ def worker(n: int, work: bool) -> None:
     writer = BatchWriter(pipeline="bench", write=lambda rows, **_: None, dlq=None,  # type: ignore[arg-type]
                          retry=RetrySettings(), collapse_rule=rule, abort=threading.Event(), columnar=tier)
     keys = max(1, 200_000 // 3)  # the pipeline bench's key space
+    # each batch's positions in runs of one partition (partition = position % 6), as consume() returns them
+    order = [sorted(range(start, min(n, start + BATCH)), key=lambda i: i % 6) for start in range(0, n, BATCH)]
     values = [event(i, (i * 7919) % keys) for i in range(n)]
     key_bytes = [str((i * 7919) % keys).encode() for i in range(n)]
     tune_for_throughput()  # as `ingest run` does
@@ -69,14 +76,10 @@ def worker(n: int, work: bool) -> None:
     writer.prepare(warm)
     if not work:
         return
-    by_partition = operator.attrgetter("partition")
-    for start in range(0, n, BATCH):
-        positions = range(start, min(n, start + BATCH))
-        m = len(positions)
+    for positions in order:
         records = list(map(Record, itertools.repeat("topic"), map(operator.mod, positions, itertools.repeat(6)),
-                           positions, key_bytes[start:start + m], values[start:start + m],
+                           positions, map(key_bytes.__getitem__, positions), map(values.__getitem__, positions),
                            itertools.repeat(1_700_000_000_000)))
-        records.sort(key=by_partition)  # runs of one partition, as consume() returns them
         items = list(map(Item, records, itertools.repeat(None), itertools.repeat(None), itertools.repeat(1),
                          itertools.repeat(150)))
         if writer.prepare(items).columnar is None:
@@ -87,7 +90,7 @@ def count(checkout: Path, n: int, work: bool) -> int:
     """Instructions callgrind counted in one worker run with ``checkout``'s ``ingest``."""
     env = {**os.environ, "PYTHONPATH": str(checkout), "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
     cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
-           "--worker", str(n)] + ([] if work else ["--make-only"])
+           "--worker", str(n), "--checkouts", str(checkout)] + ([] if work else ["--make-only"])
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=checkout)
     m = re.search(r"Collected : (\d+)", res.stderr)
     if res.returncode != 0 or m is None:
@@ -102,19 +105,20 @@ def main() -> None:
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--make-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    checkouts = [c.resolve() for c in args.checkouts]
     if args.worker is not None:
-        worker(args.worker, not args.make_only)
+        worker(args.worker, not args.make_only, checkouts[0])
         return
     n = args.records
     per_record = []
-    for checkout in args.checkouts:
+    for checkout in checkouts:
         made, worked = count(checkout, n, work=False), count(checkout, n, work=True)
         per_record.append((worked - made) / n)
         print(f"{str(checkout):40s} {per_record[-1]:10,.0f} instructions per record "
               f"(callgrind, {n} records: {worked:,} less {made:,} making them)", flush=True)
     if len(per_record) > 1:
-        for checkout, value in zip(args.checkouts[1:], per_record[1:], strict=True):
-            print(f"{checkout} / {args.checkouts[0]}: x{value / per_record[0]:.3f}")
+        for checkout, value in zip(checkouts[1:], per_record[1:], strict=True):
+            print(f"{checkout} / {checkouts[0]}: x{value / per_record[0]:.3f}")
 
 
 if __name__ == "__main__":
