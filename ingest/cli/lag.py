@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
 from typing import Annotated, Any, Optional
 
@@ -71,20 +73,34 @@ def lag(config: ConfigOpt = None, pipeline: PipelineOpt = None, output_format: F
         if report.errors:
             raise typer.Exit(EXIT_FAILED)
         return
-    try:
-        while True:
-            started = time.monotonic()
-            try:
-                report = collect_lag(settings.kafka, selected, timeout_s=timeout)
-            except ServiceUnreachable as exc:  # keep watching: the broker may come back
-                typer.echo(f"error: unreachable: {exc}", err=True)
-            else:
-                emit(report)
-                for err in report.errors:
-                    typer.echo(f"error: {err}", err=True)
-            time.sleep(max(0.0, watch - (time.monotonic() - started)))
-    except KeyboardInterrupt:
-        raise typer.Exit(0) from None
+    stop = _stop_on_signals()
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            report = collect_lag(settings.kafka, selected, timeout_s=timeout)
+        except ServiceUnreachable as exc:  # keep watching: the broker may come back
+            typer.echo(f"error: unreachable: {exc}", err=True)
+        else:
+            emit(report)
+            for err in report.errors:
+                typer.echo(f"error: {err}", err=True)
+        stop.wait(max(0.0, watch - (time.monotonic() - started)))
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event set by the first SIGINT or SIGTERM: ``--watch`` finishes the measurement under way
+    (its clients closed, at most ``--timeout`` later) and exits 0. A KeyboardInterrupt raised inside
+    the Kafka clients' calls could leave a consumer unclosed, whose teardown at exit may hang. A
+    second signal ends the process at once (the default action)."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        signal.signal(signum, signal.SIG_DFL)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return stop
 
 
 def _emitter(fmt: str, watch: float | None) -> Any:

@@ -8,6 +8,7 @@ group by a plain consumer that assigns and commits without subscribing.
 
 from __future__ import annotations
 
+import signal
 import time
 
 import orjson
@@ -174,7 +175,10 @@ def test_lag_table_format(kafka_bootstrap, new_topic, group_id, tmp_path):
     assert "total lag 410 records over 1 pipeline(s)" in out
 
 
-def test_lag_watch_repeats_json_lines(kafka_bootstrap, new_topic, group_id, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_lag_watch_repeats_json_lines(kafka_bootstrap, new_topic, group_id, tmp_path, signum):
+    """``lag --watch`` prints a JSON line per measurement and exits 0 on SIGINT or SIGTERM, after the
+    measurement under way (its clients closed)."""
     from harness import start_ingest
 
     topic = new_topic(1)
@@ -184,9 +188,7 @@ def test_lag_watch_repeats_json_lines(kafka_bootstrap, new_topic, group_id, tmp_
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(proc.output()[0].splitlines()) < 3:
         time.sleep(0.1)
-    import signal
-
-    assert proc.stop(signal.SIGINT, timeout_s=30) == 0
+    assert proc.stop(signum, timeout_s=30) == 0
     docs = [orjson.loads(line) for line in proc.output()[0].splitlines()]
     assert len(docs) >= 3
     assert all(d["pipelines"]["orders"]["totals"]["lag"] == 5 for d in docs)
