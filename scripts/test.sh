@@ -11,6 +11,7 @@
 #   INGEST_TEST_CLICKHOUSE_URL  use this ClickHouse (http://[user:pw@]host:port) instead of
 #                        Debian's clickhouse-server (18.16) started by the test harness
 #   INGEST_FORCE_PIP=1   reinstall even if pyproject.toml did not change
+#   INGEST_TEST_WORKERS  parallel test processes (default 4; 0: one process)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -133,9 +134,21 @@ if [ "${INGEST_FORCE_PIP:-}" = 1 ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want"
 fi
 
 # --------------------------------------------------------------------------- tests
-log "python -m pytest $*"
+# Test files run in parallel (pytest-xdist): INGEST_TEST_WORKERS processes (default 4; the
+# integration tests mostly wait on brokers and databases, so more workers than the 2 cores
+# pay). Each worker starts its own broker and ClickHouse server and makes its own databases,
+# topics and group ids (tests/conftest.py). Tests that share a module-scoped fixture are kept on
+# one worker by an xdist_group mark (--dist loadgroup). INGEST_TEST_WORKERS=0, or -n / -p no:xdist
+# among the arguments, runs them the caller's way.
+workers="${INGEST_TEST_WORKERS:-4}"
+parallel=()
+case " $* " in
+    *" -n"*|*" --numprocesses"*|*"no:xdist"*) ;;
+    *) if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadgroup); fi ;;
+esac
+log "python -m pytest ${parallel[*]} $*"
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest "${parallel[@]}" "$@"
 status=$?
 set -e
 exit "$status"

@@ -28,7 +28,9 @@ _spec.loader.exec_module(chaos)
 
 LONG = os.environ.get("INGEST_CHAOS_LONG", "").strip().lower() in {"1", "true", "yes", "on"}
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800 if LONG else 240)]
+# One worker runs every case (pytest-xdist --dist loadgroup): they share the summary table, and two
+# chaos cases at once would starve each other's kill schedules on a 2-core machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800 if LONG else 240), pytest.mark.xdist_group("chaos")]
 
 
 class _TablePrinter:

@@ -54,7 +54,8 @@ from harness.services import temp_database
 from pipeline_helpers import wait_until
 from psycopg import conninfo, sql
 
-pytestmark = pytest.mark.timeout(240)
+# One worker runs the whole module (pytest-xdist --dist loadgroup): the ``poisoned`` run is module-scoped.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("poison_dlq")]
 
 PIPELINE = "payments"
 TABLE = "payments"
