@@ -49,6 +49,53 @@ class Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
+class PgNetworkSettings(Frozen):
+    """How a PostgreSQL connection notices a network that went silent (``sink.network``, ``dlq.network``).
+
+    A statement whose connection dies without a reset (a NAT or firewall that dropped the flow, a
+    peer that crashed with the socket half open) would wait for ever: ``statement_timeout`` is
+    enforced by the server, which cannot answer. So every wait on the network is bounded on the
+    client too:
+
+    - ``client_timeout_ms``: no single wait for the server (a statement, a piece of a COPY, a
+      commit, the pool's health check) lasts longer; past it the connection is closed without
+      waiting on it and the error is transient (the batch is retried on a new connection).
+      Default: the statement timeout + 5 s (so the server's own timeout fires first when the
+      server is there), 65 s when the statement timeout is off; 0 turns the bound off.
+    - ``connect_timeout_s``: libpq's ``connect_timeout``, per host of a multi-host DSN.
+    - ``tcp_user_timeout_ms``: libpq's ``tcp_user_timeout``: the kernel gives up on data it sent
+      that the peer did not acknowledge within this time (a dead peer while writing).
+    - ``keepalives_idle_s`` / ``keepalives_interval_s`` / ``keepalives_count``: TCP keepalives on
+      an idle connection (a dead peer while waiting): found dead after idle + interval × count.
+
+    A parameter the DSN sets itself (e.g. ``?connect_timeout=3``) wins over these.
+    """
+
+    client_timeout_ms: int | None = Field(default=None, ge=0)
+    connect_timeout_s: int = Field(default=10, ge=1)
+    tcp_user_timeout_ms: int = Field(default=30_000, ge=0)
+    keepalives_idle_s: int = Field(default=15, ge=1)
+    keepalives_interval_s: int = Field(default=5, ge=1)
+    keepalives_count: int = Field(default=3, ge=1)
+
+    def client_timeout_s(self, statement_timeout_ms: int) -> float | None:
+        """The client-side bound on one wait, in seconds (None: unbounded), for this statement timeout."""
+        if self.client_timeout_ms is not None:
+            return self.client_timeout_ms / 1000.0 if self.client_timeout_ms else None
+        return (statement_timeout_ms + 5_000) / 1000.0 if statement_timeout_ms else 65.0
+
+    def libpq_params(self) -> dict[str, int]:
+        """The libpq connection parameters these settings stand for."""
+        return {
+            "connect_timeout": self.connect_timeout_s,
+            "keepalives": 1,
+            "keepalives_idle": self.keepalives_idle_s,
+            "keepalives_interval": self.keepalives_interval_s,
+            "keepalives_count": self.keepalives_count,
+            "tcp_user_timeout": self.tcp_user_timeout_ms,
+        }
+
+
 class ColumnSpec(Frozen):
     """One target column: its database type and where its value comes from.
 

@@ -24,6 +24,7 @@ from ingest.config.base import (
     SECRET_CLIENT_KEYS,
     SOURCE_RE,
     Frozen,
+    PgNetworkSettings,
     SinkSettingsBase,
     check_dsn_syntax,
     check_identifier,
@@ -113,6 +114,8 @@ class DlqSettings(Frozen):
     #: without committing it, naming the record, the limit and the fix; ``postgres``: it is stored whole
     #: in the PostgreSQL DLQ table (``dsn``, ``schema``, ``table``) and the topic gets a reference to it.
     oversized: Literal["stop", "postgres"] = "stop"
+    #: PostgreSQL DLQ table: how a silent connection is noticed (see ``sink.network``).
+    network: PgNetworkSettings = PgNetworkSettings()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, hide_input_in_errors=True)
 

@@ -21,7 +21,8 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ingest.dlq.base import DlqEntry
-from ingest.drivers.postgres import classify, execute_ddl, load_sql, pooled
+from ingest.config.base import PgNetworkSettings
+from ingest.drivers.postgres import classify, execute_ddl, load_sql, make_pool, pooled
 from ingest.errors import TransientError
 from ingest.redact import scrub
 
@@ -87,8 +88,9 @@ class PostgresDlq:
     """Writes DLQ entries into a PostgreSQL table. Thread-safe (pooled connections)."""
 
     def __init__(self, dsn: str, schema: str, table: str, *, pool_size: int = 2,
-                 statement_timeout_ms: int = 30_000) -> None:
+                 statement_timeout_ms: int = 30_000, network: PgNetworkSettings | None = None) -> None:
         self._dsn = dsn
+        self._network = network or PgNetworkSettings()
         self._statement_timeout_ms = statement_timeout_ms
         self._upsert = upsert_sql(schema, table)
         self._pool_size = pool_size
@@ -98,8 +100,9 @@ class PostgresDlq:
     def _get_pool(self) -> ConnectionPool:
         with self._lock:
             if self._pool is None:
-                self._pool = ConnectionPool(
-                    self._dsn, min_size=1, max_size=self._pool_size, open=True,
+                self._pool = make_pool(
+                    self._dsn, self._network, statement_timeout_ms=self._statement_timeout_ms,
+                    min_size=1, max_size=self._pool_size, open=True,
                     check=ConnectionPool.check_connection, timeout=5.0, reconnect_timeout=24 * 3600.0,
                     configure=self._configure, name="dlq",
                 )

@@ -24,13 +24,14 @@ def _table_dsn(p: PipelineSettings) -> str:
 def _postgres_writer(settings: Settings, p: PipelineSettings) -> DeadLetterQueue:
     from ingest.dlq.postgres import PostgresDlq
 
-    return PostgresDlq(_table_dsn(p), p.dlq.db_schema, p.dlq.table, pool_size=max(2, p.lanes))
+    return PostgresDlq(_table_dsn(p), p.dlq.db_schema, p.dlq.table, pool_size=max(2, p.lanes),
+                       network=p.dlq.network)
 
 
 def _postgres_reader(settings: Settings, p: PipelineSettings) -> DlqReader:
     from ingest.dlq.store import DlqStore
 
-    return DlqStore(_table_dsn(p), p.dlq.db_schema, p.dlq.table)
+    return DlqStore(_table_dsn(p), p.dlq.db_schema, p.dlq.table, p.dlq.network)
 
 
 def _kafka_writer(settings: Settings, p: PipelineSettings) -> DeadLetterQueue:
@@ -44,7 +45,7 @@ def _kafka_reader(settings: Settings, p: PipelineSettings) -> DlqReader:
     from ingest.dlq.kafka_reader import KafkaDlqReader
     from ingest.dlq.store import DlqStore
 
-    table = DlqStore(_table_dsn(p), p.dlq.db_schema, p.dlq.table) if p.dlq.uses_postgres_table else None
+    table = DlqStore(_table_dsn(p), p.dlq.db_schema, p.dlq.table, p.dlq.network) if p.dlq.uses_postgres_table else None
     return KafkaDlqReader(settings.kafka, p.dlq, p.name, table=table)
 
 

@@ -16,9 +16,10 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from ingest.config.base import PgNetworkSettings
 from ingest.dlq.base import DlqFilter, DlqRow
 from ingest.dlq.postgres import headers_from_json
-from ingest.drivers.postgres import classify
+from ingest.drivers.postgres import classify, connect
 from ingest.errors import ConfigError, ServiceUnreachable
 from ingest.redact import scrub
 from ingest.types import Failure, Record, origin_of
@@ -52,12 +53,13 @@ class DlqStore:
 
     can_purge = True
 
-    def __init__(self, dsn: str, schema: str, table: str) -> None:
+    def __init__(self, dsn: str, schema: str, table: str, network: PgNetworkSettings | None = None) -> None:
         self._dsn = dsn
+        self._network = network or PgNetworkSettings()
         self._table = sql.Identifier(schema, table)
 
     def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self._dsn, connect_timeout=10)
+        return connect(self._dsn, self._network, statement_timeout_ms=0)
 
     def _run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """One unit of work in its own transaction; errors become ServiceUnreachable / ConfigError."""

@@ -44,6 +44,16 @@ transaction (25006) means the server behind this connection is a replica now
 connection's life. :func:`pooled` closes such a connection, so the pool
 replaces it and the retry reaches the new primary instead of the old one.
 
+A connection that goes *silent* (no reset, no answer: a dropped NAT flow, a
+half-open socket after a peer's crash) is caught on the client, because the
+server-side ``statement_timeout`` cannot fire when the server is unreachable:
+every connection ingest opens is a :func:`connection_class` whose waits on the
+network are bounded (``network.client_timeout_ms``), and is opened with TCP
+keepalives, ``tcp_user_timeout`` and ``connect_timeout``
+(:class:`~ingest.config.base.PgNetworkSettings`). A wait past its bound closes
+the connection without waiting on it and raises a transient error, so the
+caller's retry runs on a new connection.
+
 Messages carry the server's diagnostic text (it names columns and constraints,
 never credentials) and never a DSN.
 """
@@ -51,15 +61,18 @@ never credentials) and never a DSN.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import conninfo, sql
+from psycopg.errors import _WaitTimeout
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from ingest.config.base import PgNetworkSettings
 from ingest.errors import (
     MigrationError,
     PermanentError,
@@ -134,6 +147,61 @@ def classify(exc: BaseException, *, healthy: bool = False) -> TransientError | P
     return PermanentError(f"{type(exc).__name__}: {_first_line(str(exc))}", error_class="client_error")
 
 
+class StalledConnection(psycopg.OperationalError):
+    """The server sent nothing within the client-side bound: the connection was closed unwaited."""
+
+
+class BoundedConnection(psycopg.Connection):  # type: ignore[type-arg]
+    """A psycopg connection whose every wait on the network lasts at most :attr:`io_timeout_s`.
+
+    ``Connection.wait`` is where psycopg blocks for the server (statements, COPY pieces,
+    commits, health checks). A wait past the bound closes the connection at once (no goodbye
+    to a server that cannot hear it) and raises :class:`StalledConnection`, which
+    :func:`classify` makes transient. Subclasses made by :func:`connection_class` set the bound.
+    """
+
+    #: seconds; None: unbounded (psycopg's own behaviour)
+    io_timeout_s: float | None = None
+
+    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        bound = self.io_timeout_s
+        if bound is None or (timeout is not None and timeout <= bound):
+            return super().wait(gen, interval=interval, timeout=timeout)
+        try:
+            return super().wait(gen, interval=interval, timeout=bound)
+        except _WaitTimeout:
+            self.close()
+            raise StalledConnection(
+                f"PostgreSQL sent nothing for {bound:g} s (network.client_timeout_ms): "
+                "the connection was dropped") from None
+
+
+@functools.cache
+def connection_class(io_timeout_s: float | None) -> type[BoundedConnection]:
+    """The connection class whose waits are bounded by ``io_timeout_s`` (cached per bound)."""
+    return type(f"BoundedConnection_{io_timeout_s}", (BoundedConnection,), {"io_timeout_s": io_timeout_s})
+
+
+def network_params(dsn: str, network: PgNetworkSettings) -> dict[str, Any]:
+    """libpq parameters of ``network`` that ``dsn`` does not set itself (the DSN wins)."""
+    given = conninfo.conninfo_to_dict(dsn)
+    return {k: v for k, v in network.libpq_params().items() if k not in given}
+
+
+def connect(dsn: str, network: PgNetworkSettings, *, statement_timeout_ms: int = 0,
+            **kwargs: Any) -> BoundedConnection:
+    """A new bounded connection (see the module docstring); psycopg errors pass through unchanged."""
+    cls = connection_class(network.client_timeout_s(statement_timeout_ms))
+    return cls.connect(dsn, **{**network_params(dsn, network), **kwargs})
+
+
+def make_pool(dsn: str, network: PgNetworkSettings, *, statement_timeout_ms: int, **kwargs: Any) -> ConnectionPool:
+    """A connection pool of bounded connections opened with ``network``'s libpq parameters."""
+    return ConnectionPool(
+        dsn, connection_class=connection_class(network.client_timeout_s(statement_timeout_ms)),
+        kwargs=network_params(dsn, network), **kwargs)
+
+
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else "(no message)"
 
@@ -179,10 +247,10 @@ def translate(conn: psycopg.Connection[Any] | None = None) -> Iterator[Translati
         raise classify(exc, healthy=healthy(t.conn)) from exc
 
 
-def check_dsn(dsn: str, what: str) -> None:
+def check_dsn(dsn: str, what: str, network: PgNetworkSettings | None = None) -> None:
     """Connect to ``dsn`` and run ``SELECT 1``; raise ServiceUnreachable naming ``what`` (never the DSN)."""
     try:
-        with psycopg.connect(dsn, connect_timeout=5) as conn:
+        with connect(dsn, network or PgNetworkSettings(), connect_timeout=5) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
         raise ServiceUnreachable(what, str(classify(exc))) from None
@@ -195,10 +263,15 @@ def load_sql(name: str, **identifiers: str | tuple[str, ...]) -> sql.Composed:
     return sql.SQL(text).format(**args)
 
 
-def execute_ddl(dsn: str, what: str, statements: Sequence[sql.Composable]) -> None:
-    """Run DDL statements in autocommit. Raises ServiceUnreachable (cannot connect) or MigrationError."""
+def execute_ddl(dsn: str, what: str, statements: Sequence[sql.Composable],
+                network: PgNetworkSettings | None = None) -> None:
+    """Run DDL statements in autocommit. Raises ServiceUnreachable (cannot connect) or MigrationError.
+
+    DDL waits are not bounded on the client (an ALTER of a large table may rightly take long);
+    keepalives and ``tcp_user_timeout`` still catch a dead peer."""
+    network = (network or PgNetworkSettings()).model_copy(update={"client_timeout_ms": 0})
     try:
-        with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
+        with connect(dsn, network, autocommit=True) as conn:
             for stmt in statements:
                 conn.execute(stmt)
     except psycopg.OperationalError as exc:

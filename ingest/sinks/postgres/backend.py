@@ -35,7 +35,8 @@ class PostgresBackend:
         cfg = self._settings(pipeline)
         if not cfg.exactly_once:
             return None
-        return StoredOffsets(cfg.dsn.get_secret_value(), cfg.db_schema, pipeline.name)
+        return StoredOffsets(cfg.dsn.get_secret_value(), cfg.db_schema, pipeline.name, cfg.network,
+                             cfg.statement_timeout_ms)
 
     def exactly_once_writer(self, sink: object, pipeline: PipelineSettings, dlq: DeadLetterQueue) -> ExactlyOnceFn:
         assert isinstance(sink, PostgresSink) and isinstance(dlq, PostgresDlq), "validated by the settings"

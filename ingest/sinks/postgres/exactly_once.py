@@ -62,7 +62,8 @@ from ingest.core.collapse import collapse
 from ingest.core.isolation import write_groups_isolating
 from ingest.dlq.base import DlqEntry
 from ingest.dlq.postgres import PostgresDlq, entry_row
-from ingest.drivers.postgres import STALE_SESSION_CODES, classify, translate
+from ingest.config.base import PgNetworkSettings
+from ingest.drivers.postgres import STALE_SESSION_CODES, classify, connect, translate
 from ingest.errors import PermanentError, TransientError
 from ingest.sinks.base import ExactlyOnceResult
 from ingest.types import DeleteRow, Failure, Item, Partition
@@ -121,8 +122,11 @@ class LaneOffsets:
 class StoredOffsets:
     """The contiguous watermark per partition in ``ingest_offsets`` (read on assign, written per commit tick)."""
 
-    def __init__(self, dsn: str, schema: str, pipeline: str) -> None:
+    def __init__(self, dsn: str, schema: str, pipeline: str, network: PgNetworkSettings | None = None,
+                 statement_timeout_ms: int = 60_000) -> None:
         self._dsn = dsn
+        self._network = network or PgNetworkSettings()
+        self._statement_timeout_ms = statement_timeout_ms
         self._pipeline = pipeline
         self._conn: psycopg.Connection[Any] | None = None
         t = sql.Identifier(schema, OFFSETS_TABLE)
@@ -140,7 +144,8 @@ class StoredOffsets:
     def _connection(self) -> psycopg.Connection[Any]:
         """One long-lived autocommit connection (the pipeline thread stores offsets every commit tick)."""
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = psycopg.connect(self._dsn, connect_timeout=10, autocommit=True)
+            self._conn = connect(self._dsn, self._network, statement_timeout_ms=self._statement_timeout_ms,
+                                 autocommit=True)
         return self._conn
 
     def _run(self, fn: Callable[[psycopg.Connection[Any]], Any]) -> Any:
@@ -170,7 +175,7 @@ class StoredOffsets:
         query = sql.SQL('SELECT topic, "partition", next_offset FROM {t} WHERE pipeline = %s').format(
             t=self._table)
         try:
-            with psycopg.connect(self._dsn, connect_timeout=10) as conn:
+            with connect(self._dsn, self._network, statement_timeout_ms=self._statement_timeout_ms) as conn:
                 rows = conn.execute(query, (self._pipeline,)).fetchall()
         except psycopg.Error as exc:
             raise classify(exc) from exc

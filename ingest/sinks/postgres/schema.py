@@ -17,7 +17,7 @@ from psycopg import sql
 
 from ingest.config import PipelineSettings
 from ingest.core.dialects import pg_base_type
-from ingest.drivers.postgres import classify, execute_ddl, load_sql
+from ingest.drivers.postgres import classify, connect, execute_ddl, load_sql
 from ingest.errors import ConfigError, MigrationError
 from ingest.sinks.postgres.exactly_once import LANE_OFFSETS_TABLE, OFFSETS_TABLE
 from ingest.sinks.postgres.settings import SOURCE_COLUMNS, PostgresSinkSettings
@@ -94,9 +94,9 @@ def migrate_postgres(p: PipelineSettings) -> list[str]:
         if d.soft_column_ddl is not None:
             ddl.append(d.soft_column_ddl)
         made.append(f"{p.name}: table {cfg.db_schema}.{tombstone_table_name(cfg, p.deletes)} (tombstones)")
-    execute_ddl(dsn, what, ddl)
+    execute_ddl(dsn, what, ddl, cfg.network)
     try:
-        with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
+        with connect(dsn, cfg.network.model_copy(update={"client_timeout_ms": 0}), autocommit=True) as conn:
             _lane_offsets_keyed_by_routing(conn, cfg.db_schema)
             unique = not cfg.conflict_key or _has_unique_on(conn, cfg.db_schema, cfg.table, list(cfg.conflict_key))
     except psycopg.Error as exc:

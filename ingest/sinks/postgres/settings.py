@@ -17,6 +17,7 @@ from pydantic import ConfigDict, Field, SecretStr, field_validator, model_valida
 
 from ingest.config.base import (
     ColumnSpec,
+    PgNetworkSettings,
     SinkSettingsBase,
     check_dsn_syntax,
     check_identifier,
@@ -53,6 +54,8 @@ class PostgresSinkSettings(SinkSettingsBase):
     #: Connections in the pool (at least one per lane is used).
     pool_size: int = Field(default=0, ge=0, le=256)
     statement_timeout_ms: int = Field(default=60_000, ge=0)
+    #: How a silent connection is noticed: client-side bound, keepalives, tcp_user_timeout.
+    network: PgNetworkSettings = PgNetworkSettings()
     #: ``copy``: COPY into a temp stage then INSERT .. SELECT .. ON CONFLICT (fastest);
     #: ``values``: multi-row INSERT .. VALUES (for poolers that forbid temp tables).
     write_method: Literal["copy", "values"] = "copy"

@@ -31,7 +31,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from ingest.config.cdc import DeleteSettings
-from ingest.drivers.postgres import check_dsn, pooled, translate
+from ingest.drivers.postgres import check_dsn, make_pool, pooled, translate
 from ingest.sinks.base import InTransaction, RowSource
 from ingest.errors import PermanentError
 from ingest.sinks.postgres.columnar import ColumnarStatements, csv_bytes
@@ -92,8 +92,10 @@ class PostgresSink:
     def _get_pool(self) -> ConnectionPool:
         with self._lock:
             if self._pool is None:
-                self._pool = ConnectionPool(
+                self._pool = make_pool(
                     self._cfg.dsn.get_secret_value(),
+                    self._cfg.network,
+                    statement_timeout_ms=self._cfg.statement_timeout_ms,
                     min_size=1,
                     max_size=self._pool_size,
                     configure=self._configure,
@@ -110,17 +112,24 @@ class PostgresSink:
     def warm_up(self, timeout_s: float = 2.0) -> None:
         """Open the pool and wait up to ``timeout_s`` for its first connection.
 
-        Never raises: a failure is logged and the first write waits (and retries) as usual.
+        Never raises: a failure is logged and the first write waits (and retries) as usual. The
+        pool closes itself when ``wait`` times out, so a failed warm-up forgets it: the first write
+        opens a new one (a closed pool would fail every retry for the rest of the run).
         """
+        pool = self._get_pool()
         try:
-            self._get_pool().wait(timeout=timeout_s)
+            pool.wait(timeout=timeout_s)
         except Exception as exc:  # noqa: BLE001 - best effort; the write path owns the retries
             log.warning("PostgreSQL not reachable at start; the first write will retry",
                         extra={"sink": self._name, "error": type(exc).__name__})
+            with self._lock:
+                if self._pool is pool:
+                    self._pool = None
+            pool.close()
 
     def check(self) -> None:
         """Connect and run ``SELECT 1``. Raises ServiceUnreachable (message without the password)."""
-        check_dsn(self._cfg.dsn.get_secret_value(), f"postgres sink {self._cfg.table!r}")
+        check_dsn(self._cfg.dsn.get_secret_value(), f"postgres sink {self._cfg.table!r}", self._cfg.network)
 
     def close(self) -> None:
         with self._lock:
