@@ -44,6 +44,11 @@ class KafkaSettings(Frozen):
     consume_batch_size: int = Field(default=5000, ge=1, le=1_000_000)
     #: How long one ``consume()`` call waits for messages.
     poll_timeout_ms: int = Field(default=100, ge=1, le=60_000)
+    #: How long every broker may stay unreachable (down, or silent), or one offset commit or the
+    #: group leave may wait for it, before the pipeline stops with exit 1 instead of waiting; 0
+    #: waits for ever. librdkafka's ``socket.timeout.ms`` (passthrough,
+    #: default 60 s) decides how soon a silent connection is given up and reopened.
+    outage_timeout_s: float = Field(default=300.0, ge=0)
 
     def client_config(self) -> dict[str, Any]:
         """The librdkafka settings, secrets included (only for building clients)."""

@@ -13,13 +13,28 @@ tunables but not the three safety settings):
 - ``enable.partition.eof = false``.
 
 Rebalance callbacks run inside :meth:`KafkaSource.poll` on the calling thread.
+
+A broker that stops answering (down, or its connections silent: a dropped NAT
+flow) is noticed by librdkafka's own timeouts (``socket.timeout.ms`` for a
+request, ``session.timeout.ms`` for the group), which give up the dead
+connections and open new ones; the pipeline resumes on them when the broker is
+back. librdkafka itself would wait for ever, so the source bounds the wait: once
+every broker is down (``_ALL_BROKERS_DOWN``) it probes the cluster's metadata
+every :data:`PROBE_INTERVAL_S`; when no probe has succeeded for
+``kafka.outage_timeout_s`` (0: wait for ever), ``poll`` raises a transient error
+naming the outage and the pipeline stops (exit 1), committing nothing more.
 """
 
 from __future__ import annotations
 
 import logging
 import operator
+import time
 from collections.abc import Iterable
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from confluent_kafka import (
@@ -58,6 +73,49 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
+#: How often a source that saw every broker down asks for metadata, to tell when they are back (s).
+PROBE_INTERVAL_S = 5.0
+#: How long one such probe waits (s).
+PROBE_TIMEOUT_S = 2.0
+
+
+class StallWatchdog:
+    """Ends the process when one blocking broker call outlasts ``bound_s`` (0: never).
+
+    Some librdkafka calls cannot be bounded from Python (a synchronous commit, ``close``) and hold
+    the consumer while they wait, so the pipeline thread that made them can neither check nor give
+    up. A daemon thread watches the call; past the bound it logs an error naming the call and the
+    setting and calls ``os._exit(1)``. Nothing is committed by then that was not written (the stuck
+    call is the commit itself, of written records only), and a database transaction in flight rolls
+    back with the process: a restart re-delivers from the committed watermark.
+    """
+
+    def __init__(self, bound_s: float) -> None:
+        self.bound_s = bound_s
+
+    @contextlib.contextmanager
+    def watch(self, what: str) -> Iterator[None]:
+        if not self.bound_s:
+            yield
+            return
+        done = threading.Event()
+
+        def guard() -> None:
+            if not done.wait(self.bound_s):
+                log.error("kafka: %s has waited %g s for the broker (kafka.outage_timeout_s): stopping (exit 1)",
+                          what, self.bound_s)
+                for handler in logging.getLogger().handlers:
+                    with contextlib.suppress(Exception):
+                        handler.flush()
+                os._exit(1)
+
+        threading.Thread(target=guard, name="kafka-stall-watchdog", daemon=True).start()
+        try:
+            yield
+        finally:
+            done.set()
+
+
 def consumer_config(kafka: KafkaSettings, group_id: str) -> dict[str, Any]:
     """librdkafka configuration for a pipeline's consumer (contains secrets: never log it)."""
     return {**_DEFAULTS, **kafka.client_config(), "group.id": group_id, **_SAFETY}
@@ -76,12 +134,16 @@ class KafkaSource:
         self._kafka = kafka
         self._group_id = group_id
         self._topics = list(topics)
-        self._consumer = Consumer(consumer_config(kafka, group_id), logger=log)
+        #: monotonic time since when every broker is down (None: reachable, as far as we know)
+        self._unreachable_since: float | None = None
+        self._probed_at = 0.0
+        self._consumer = Consumer({**consumer_config(kafka, group_id), "error_cb": self._on_error}, logger=log)
         self._cooperative = "cooperative" in str(kafka.client.get("partition.assignment.strategy", ""))
         self._consumer.subscribe(
             topics, on_assign=self._assign_cb, on_revoke=self._revoke_cb, on_lost=self._lost_cb
         )
         self._closed = False
+        self._watchdog = StallWatchdog(kafka.outage_timeout_s)
 
     # -- rebalance -------------------------------------------------------------
     def _assign_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -96,6 +158,36 @@ class KafkaSource:
             else:
                 consumer.assign(partitions)
 
+    # -- broker outages (see the module docstring) -------------------------------
+    def _on_error(self, err: KafkaError) -> None:
+        """librdkafka's error callback (runs inside ``poll`` on the calling thread)."""
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            if self._unreachable_since is None:
+                self._unreachable_since = self._probed_at = time.monotonic()
+            log.warning("kafka: every broker is down or silent; waiting for them",
+                        extra={"error": err.str(), "outage_timeout_s": self._kafka.outage_timeout_s})
+        else:
+            log.warning("kafka client error: %s", err.str())
+
+    def _check_outage(self) -> None:
+        """While every broker is down: probe now and then; raise TransientError past the bound."""
+        since = self._unreachable_since
+        now = time.monotonic()
+        if since is None or now - self._probed_at < PROBE_INTERVAL_S:
+            return
+        self._probed_at = now
+        try:
+            self._consumer.list_topics(timeout=PROBE_TIMEOUT_S)
+        except KafkaException as exc:
+            bound = self._kafka.outage_timeout_s
+            if bound and now - since >= bound:
+                raise TransientError(
+                    f"the Kafka brokers have not answered for {now - since:.0f} s (kafka.outage_timeout_s "
+                    f"{bound:g}): {exc.args[0].str() if exc.args else exc}", error_class="broker_outage") from None
+            return
+        log.info("kafka: the brokers answer again", extra={"outage_s": round(now - since, 1)})
+        self._unreachable_since = None
+
     def _revoke_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._listener.on_revoke([_tp(p) for p in partitions])
 
@@ -107,11 +199,15 @@ class KafkaSource:
         """Fetch up to ``max_records`` records, waiting at most ``timeout_s``.
 
         Runs rebalance callbacks. Per-partition errors are logged and skipped;
-        a fatal client error raises TransientError (the process should restart).
+        a fatal client error, or every broker unreachable for longer than
+        ``kafka.outage_timeout_s``, raises TransientError (the process should restart).
         """
+        if self._unreachable_since is not None:
+            self._check_outage()
         messages = self._consumer.consume(num_messages=max_records, timeout=timeout_s)
         if not messages:
             return []
+        self._unreachable_since = None
         n = len(messages)
         # The common chunk -- no errors, no headers -- field by field with C-level maps, not a Python
         # loop over the messages (each method call costs the same either way, the loop does not).
@@ -183,12 +279,20 @@ class KafkaSource:
                     log.debug("seek after resume failed for %s[%d]: %s", tp.topic, tp.partition, exc)
 
     def commit(self, offsets: dict[Partition, int]) -> None:
-        """Synchronously commit watermarks (next offsets to read). Raises TransientError on failure."""
+        """Synchronously commit watermarks (next offsets to read). Raises TransientError on failure.
+
+        librdkafka's synchronous commit has no timeout: it waits for a group coordinator that does
+        not answer (every broker down or silent) for as long as the outage lasts, and other calls on
+        the consumer wait behind it. When the broker comes back it returns and the pipeline goes on;
+        when it has waited ``kafka.outage_timeout_s``, the :class:`StallWatchdog` ends the process
+        (exit 1), committing nothing more.
+        """
         if not offsets:
             return
         tps = [TopicPartition(p.topic, p.partition, off) for p, off in offsets.items()]
         try:
-            result = self._consumer.commit(offsets=tps, asynchronous=False)
+            with self._watchdog.watch("an offset commit"):
+                result = self._consumer.commit(offsets=tps, asynchronous=False)
         except KafkaException as exc:
             raise TransientError(f"offset commit failed: {exc.args[0].str()}", error_class="commit") from None
         for tp in result or []:
@@ -276,7 +380,8 @@ class KafkaSource:
         """Leave the group (runs revoke callbacks). Idempotent."""
         if not self._closed:
             self._closed = True
-            self._consumer.close()
+            with self._watchdog.watch("leaving the consumer group"):
+                self._consumer.close()
 
 
 def check_broker(kafka: KafkaSettings, timeout_s: float = 5.0) -> None:

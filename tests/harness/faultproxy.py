@@ -35,6 +35,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 #: How often a pump re-reads the fault state while it has nothing to move (seconds).
@@ -311,3 +312,28 @@ class FaultProxy:
             with self._lock:
                 self._links.append(link)
             link.start()
+
+
+@contextlib.contextmanager
+def proxied_broker() -> Iterator[tuple[FaultProxy, str]]:
+    """A Tansu broker of its own that clients reach only through a :class:`FaultProxy`.
+
+    The broker advertises the proxy's address, so every connection (bootstrap, group coordinator,
+    partition leader) crosses the proxy. Yields ``(proxy, bootstrap)``; stops both afterwards.
+    """
+    from harness.services import kafka_check, start_tansu
+
+    proxy = FaultProxy("127.0.0.1", 9)  # the upstream port is the broker's, known once it started
+    try:
+        svc = start_tansu(advertised_port=proxy.port)
+        try:
+            proxy.upstream = ("127.0.0.1", int(svc.handle))  # type: ignore[arg-type]
+            kafka_check(proxy.address, timeout_s=10)
+            yield proxy, proxy.address
+        finally:
+            from harness.kafka import close_producers
+
+            close_producers(proxy.address)
+            svc.stop()
+    finally:
+        proxy.close()

@@ -446,6 +446,16 @@ def _start_kafka_docker() -> Service:
 
 
 def _start_kafka_local(attempts: int = 3) -> Service:
+    return start_tansu(attempts=attempts)
+
+
+def start_tansu(attempts: int = 3, advertised_port: int | None = None) -> Service:
+    """A Tansu broker subprocess on a free port, memory storage.
+
+    ``advertised_port``: the port it tells clients to connect to (its ``--advertised-listener-url``),
+    e.g. a :class:`harness.faultproxy.FaultProxy` in front of it, so clients reach it only through
+    the proxy; the service's ``endpoint`` is then that address. Default: its own port.
+    """
     binary = tansu_binary()
     env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
     t0 = time.monotonic()
@@ -453,17 +463,19 @@ def _start_kafka_local(attempts: int = 3) -> Service:
     for _ in range(attempts):  # a new port each time: free_port() can race with other processes
         port = free_port()
         url = f"tcp://127.0.0.1:{port}"
-        bootstrap = f"127.0.0.1:{port}"
+        advertised = f"tcp://127.0.0.1:{advertised_port or port}"
+        bootstrap = f"127.0.0.1:{advertised_port or port}"
         fd, log_name = tempfile.mkstemp(prefix=f"ingest-tansu-{port}-", suffix=".log")
         log_path = Path(log_name)
-        cmd = [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
+        cmd = [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
                "--storage-engine", "memory://tansu/"]
         with os.fdopen(fd, "wb") as log:
             proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True, preexec_fn=die_with_parent,
             )
-        ok, err = _kafka_wait(bootstrap, TANSU_START_TIMEOUT_S, proc)
+        ok, err = _kafka_wait(f"127.0.0.1:{port}", TANSU_START_TIMEOUT_S, proc) if advertised_port is None \
+            else _port_wait(port, TANSU_START_TIMEOUT_S, proc)
         if ok:
             def stop(proc: subprocess.Popen = proc, log_path: Path = log_path) -> None:
                 died_early = proc.poll() is not None
@@ -478,14 +490,29 @@ def _start_kafka_local(attempts: int = 3) -> Service:
                     with contextlib.suppress(OSError):
                         log_path.unlink()
 
-            return Service("kafka", "local", bootstrap,
-                           f"Tansu broker pid {proc.pid} on {bootstrap}, memory storage, "
-                           f"log {log_path}", time.monotonic() - t0, stop)
+            svc = Service("kafka", "local", bootstrap,
+                          f"Tansu broker pid {proc.pid} on 127.0.0.1:{port}, memory storage, "
+                          f"log {log_path}", time.monotonic() - t0, stop)
+            svc.handle = port
+            return svc
         stop_process(proc)
         failures.append(f"attempt on port {port}: {err}\n--- tail of {log_path} ---\n{_tail(log_path)}")
     raise ServiceError(
         f"could not start the Tansu broker ({binary}) after {attempts} attempts:\n" + "\n".join(failures)
     )
+
+
+def _port_wait(port: int, timeout_s: float, proc: subprocess.Popen) -> tuple[bool, Exception | None]:
+    """Wait until something listens on ``port`` (a broker advertising another address cannot be asked
+    for metadata on its own port: it would send clients elsewhere)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False, RuntimeError(f"broker exited with status {proc.returncode}")
+        if _port_open("127.0.0.1", port, 0.5):
+            return True, None
+        time.sleep(0.05)
+    return False, TimeoutError(f"nothing listens on 127.0.0.1:{port}")
 
 
 def start_kafka() -> Service:

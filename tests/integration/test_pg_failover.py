@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 from harness import start_ingest
-from harness.kafka import TEST_CONSUMER_SETTINGS
+from harness.kafka import TEST_CONSUMER_SETTINGS, produce
 from harness.pg_cluster import ReplicatedPostgres
 
 from pipeline_helpers import (
@@ -35,7 +35,6 @@ from pipeline_helpers import (
     count_rows,
     dlq_rows,
     expected_from_log,
-    log_events,
     pipeline_config,
     read_topic,
     seed_for,
@@ -98,6 +97,9 @@ def test_a_failover_to_the_synchronous_replica_loses_and_dead_letters_nothing(de
         took_s = pair.fail_over()
         print(f"failover (immediate stop + promote) took {took_s:.2f}s")
         producer.finish()
+        # Records produced after the failover can only land on the new primary (whether or not a write
+        # was in flight when the primary died: the pool may replace its dead connections unnoticed).
+        assert produce(kafka_bootstrap, topic, gen.next(1000)) == 1000
         try:
             proc.wait(180)
         except Exception:  # noqa: BLE001 - say where it hung
@@ -117,6 +119,4 @@ def test_a_failover_to_the_synchronous_replica_loses_and_dead_letters_nothing(de
             assert not twice, f"{len(twice)} records written twice by exactly_once, e.g. {twice[:5]}"
         assert dlq_rows(new_primary) == [], "the failover dead-lettered good rows"
         assert_committed_at_log_end(kafka_bootstrap, group_id, topic)
-    # The failover hit ingest mid-stream (the test is not passing on a run that had finished before it).
-    retried = [e for e in log_events(proc) if e.get("event") == "transient failure, retrying"]
-    assert retried, f"no write met the failover\n{proc.describe()}"
+
