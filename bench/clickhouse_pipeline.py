@@ -85,7 +85,7 @@ from ingest.sinks.clickhouse.arrow import ArrowEncoder  # noqa: E402
 from ingest.sinks.clickhouse.schema import create_table_sql  # noqa: E402
 from ingest.tuning import tune_for_throughput  # noqa: E402
 from ingest.types import Item  # noqa: E402
-from ingest.writer import BatchWriter  # noqa: E402
+from ingest.runner.writer import BatchWriter  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402

@@ -50,7 +50,7 @@ from ingest.sinks.postgres.sink import PostgresSink  # noqa: E402
 from ingest.sources.kafka import KafkaSource, consumer_config  # noqa: E402
 from ingest.tuning import tune_for_throughput  # noqa: E402
 from ingest.types import Item, Partition, Record  # noqa: E402
-from ingest.writer import BatchWriter  # noqa: E402
+from ingest.runner.writer import BatchWriter  # noqa: E402
 
 STAGES = ("consume", "records", "map", "prepare", "write")
 

@@ -99,7 +99,7 @@ STAGES: list[tuple[str, str, str, int | None]] = [
     ("write: COPY + upsert (psycopg, client side)", "ingest/sinks/postgres/", r".", None),
     ("write: COPY + upsert (psycopg, client side)", "ingest/drivers/postgres.py", r".", None),
     ("prepare and columnar glue (tier, token, poison)", "ingest/runner/columnar.py", r".", None),
-    ("prepare and columnar glue (tier, token, poison)", "ingest/writer.py", r".", None),
+    ("prepare and columnar glue (tier, token, poison)", "ingest/runner/writer.py", r".", None),
     ("prepare and columnar glue (tier, token, poison)", "ingest/core/collapse.py", r".", None),
     ("completions, offsets, commits", "ingest/core/offsets.py", r".", None),
     ("completions, offsets, commits", "ingest/runner/commits.py", r".", None),

@@ -55,7 +55,10 @@ def worker(n: int, work: bool, checkout: Path) -> None:
     from ingest.sinks.postgres.sink import PostgresSink
     from ingest.tuning import tune_for_throughput
     from ingest.types import Item, Record
-    from ingest.writer import BatchWriter
+    try:
+        from ingest.runner.writer import BatchWriter
+    except ModuleNotFoundError:  # a checkout from before the writer moved to ingest/runner/
+        from ingest.writer import BatchWriter  # type: ignore[no-redef]
 
     cfg = PostgresSinkSettings(dsn="postgresql://u@h/d", table="t", conflict_key=["event_id"], columns=COLUMNS)
     rule = cfg.collapse_rule()

@@ -245,7 +245,7 @@ def main() -> int:
     args = ap.parse_args()
     args.client = {k: (int(v) if v.isdigit() else v) for k, v in (kv.split("=", 1) for kv in args.client)}
 
-    from ingest.sources.kafka import _DEFAULTS as KAFKA_DEFAULTS
+    from ingest.sources.kafka_config import _DEFAULTS as KAFKA_DEFAULTS
 
     prefetch_kib = int(args.client.get("queued.max.messages.kbytes", KAFKA_DEFAULTS["queued.max.messages.kbytes"]))
     per_record = bytes_per_record()

@@ -95,7 +95,7 @@ def build_pipeline(settings: Settings, p: PipelineSettings, *, stop: threading.E
                    schedulers: dict[str, WriteScheduler] | None = None) -> Built:
     """A :class:`~ingest.runner.Pipeline` with its sink, DLQ and source, built from the settings."""
     from ingest.sources.kafka import KafkaSource
-    from ingest.writer import BatchWriter
+    from ingest.runner.writer import BatchWriter
 
     backend = registry.backend(p.sink.kind)
     sink = build_sink(p, lanes=p.lanes)

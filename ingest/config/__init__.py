@@ -3,8 +3,14 @@
 - :mod:`.base`: the building blocks (frozen models, identifier and DSN checks, columns,
   :class:`SinkSettingsBase`);
 - :mod:`.pipeline`: the broker connection and one pipeline (its sink section is validated
-  by the settings class its ``kind`` names in :mod:`ingest.sinks.registry`);
+  by the settings class its ``kind`` names in :mod:`.kinds`);
+- :mod:`.kinds`: the settings-side registry (sink kind → settings class, format names), which
+  :mod:`ingest.sinks.registry`, :mod:`ingest.formats.registry` and plugins fill;
 - :mod:`.load`: the whole file, environment overrides, and errors naming the field.
+
+Everything reads this package, so it imports nothing of the runtime: only pydantic, itself,
+:mod:`ingest.errors`, :mod:`ingest.redact` and :mod:`ingest.core` (checked by
+``tests/unit/test_import_graph.py``).
 
 Secrets (database DSNs and passwords, librdkafka ``sasl.password`` /
 ``ssl.key.password``) are :class:`pydantic.SecretStr` and print as ``**********``.

@@ -29,9 +29,11 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from ingest.config import kinds
 from ingest.config.formats import SchemaRegistrySettings
 from ingest.config.pipeline import KafkaSettings, PipelineSettings, SchedulerSettings
 from ingest.errors import ConfigError
+from ingest.redact import register_settings
 
 
 class Settings(BaseSettings):
@@ -59,11 +61,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _registry_present(self) -> Settings:
-        from ingest.formats import registry
-
         if self.schema_registry is None:
             for p in self.pipelines:
-                if registry.uses_schema_registry(p):
+                if kinds.uses_schema_registry(p):
                     raise ValueError(f"pipeline {p.name!r}: format {p.format} (key_format {p.key_format}) needs a "
                                      "schema_registry section" + (" (or avro_schema: FILE)" if p.format == "avro" else ""))
         return self
@@ -136,7 +136,5 @@ def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
         loaded = _FileSettings()
     except ValidationError as exc:
         raise ConfigError(_format_error(str(file), exc, data)) from None
-    from ingest.redact import register_settings
-
     register_settings(loaded)  # every secret of it is masked in output and logs from now on
     return loaded

@@ -1,8 +1,10 @@
 """The settings of the broker connection and of one pipeline (topics → sink, DLQ, batching, retries).
 
 A pipeline's ``sink`` section is validated by the settings class of its
-``kind``, found in the sink registry (:mod:`ingest.sinks.registry`): a new sink
-kind brings its own settings class and needs no change here.
+``kind``, found in the settings-side registry (:mod:`ingest.config.kinds`, which
+:mod:`ingest.sinks.registry` registers kinds in): a new sink kind brings its own
+settings class and needs no change here. Formats are checked against the same
+registry; nothing here imports a backend, a decoder or the runner.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from ingest.config import kinds
 from ingest.config.base import (
     SECRET_CLIENT_KEYS,
     SOURCE_RE,
@@ -30,6 +33,7 @@ from ingest.config.base import (
     check_identifier,
 )
 from ingest.config.cdc import DeleteSettings
+from ingest.core.avro_schema import parse_avro_text
 from ingest.core.collapse import CollapseRule
 
 
@@ -154,7 +158,8 @@ class PipelineSettings(Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     topics: list[str] = Field(min_length=1)
     group_id: str | None = None
-    #: How record values are encoded: a format of the format registry (ingest.formats.registry):
+    #: How record values are encoded: a format of the format registry (ingest.formats.registry,
+    #: names in ingest.config.kinds):
     #: ``json``, ``avro``, ``json_schema``, ``protobuf`` (the last three in the Confluent wire format,
     #: schemas from the top-level ``schema_registry``).
     format: str = "json"
@@ -196,7 +201,7 @@ class PipelineSettings(Frozen):
     deletes: DeleteSettings = Field(default_factory=DeleteSettings)
     batch: BatchSettings = Field(default_factory=BatchSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
-    #: Validated by the settings class its ``kind`` names in the sink registry (ingest.sinks.registry).
+    #: Validated by the settings class its ``kind`` names in the settings-side registry (ingest.config.kinds).
     sink: SerializeAsAny[SinkSettingsBase]
     dlq: DlqSettings = Field(default_factory=DlqSettings)
     commit_interval_ms: int = Field(default=1000, ge=10)
@@ -227,9 +232,7 @@ class PipelineSettings(Frozen):
             raise ValueError("@source.PATH sources read a change event's source block: set envelope debezium")
         if not self.has_deletes:
             return self
-        from ingest.sinks import registry
-
-        if not registry.backend(self.sink.kind).capabilities.deletes:
+        if not kinds.sink_deletes(self.sink.kind):
             raise ValueError(f"sink kind {self.sink.kind!r} cannot delete rows: set tombstones dlq or skip "
                              "(and envelope none)")
         self.sink.check_deletes(self.deletes)
@@ -261,10 +264,9 @@ class PipelineSettings(Frozen):
     @field_validator("key_format")
     @classmethod
     def _key_format(cls, value: str) -> str:
-        from ingest.formats import registry
-
-        if value != "raw" and value not in registry.names():
-            raise ValueError(f"key_format must be 'raw' or one of {', '.join(repr(n) for n in registry.names())}")
+        names = kinds.format_names()
+        if value != "raw" and value not in names:
+            raise ValueError(f"key_format must be 'raw' or one of {', '.join(repr(n) for n in names)}")
         return value
 
     @model_validator(mode="after")
@@ -278,10 +280,9 @@ class PipelineSettings(Frozen):
     @field_validator("format")
     @classmethod
     def _format(cls, value: str) -> str:
-        from ingest.formats import registry
-
-        if value not in registry.names():
-            raise ValueError(f"format must be one of {', '.join(repr(n) for n in registry.names())}")
+        names = kinds.format_names()
+        if value not in names:
+            raise ValueError(f"format must be one of {', '.join(repr(n) for n in names)}")
         return value
 
     @model_validator(mode="after")
@@ -308,30 +309,26 @@ class PipelineSettings(Frozen):
             return value
         from pathlib import Path
 
-        from ingest.formats.avro import parse_avro
-
         try:
             text = Path(value).read_text(encoding="utf-8")
         except OSError as exc:
             raise ValueError(f"cannot read {value}: {exc.strerror}") from None
-        parse_avro(text)  # ValueError naming what is wrong
+        parse_avro_text(text)  # ValueError naming what is wrong
         return value
 
     @field_validator("sink", mode="before")
     @classmethod
     def _sink(cls, value: Any) -> Any:
-        """Dispatch on ``kind`` (default ``postgres``) to the settings class the sink registry names."""
+        """Dispatch on ``kind`` (default ``postgres``) to the settings class the settings-side registry names."""
         if isinstance(value, SinkSettingsBase):
             return value
         if not isinstance(value, dict):
             raise ValueError("sink must be a mapping")
-        from ingest.sinks import registry
-
         kind = value.get("kind", "postgres")
         try:
-            settings_class = registry.settings_class(kind)
+            settings_class = kinds.sink_settings_class(kind)
         except KeyError:
-            raise ValueError(f"sink.kind must be one of {', '.join(repr(k) for k in registry.kinds())}") from None
+            raise ValueError(f"sink.kind must be one of {', '.join(repr(k) for k in kinds.sink_kinds())}") from None
         return settings_class.model_validate(value)
 
     @property

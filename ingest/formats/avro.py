@@ -32,6 +32,7 @@ from typing import Any
 
 from fastavro import schemaless_reader
 
+from ingest.core.avro_schema import parse_avro_text
 from ingest.errors import InvalidRecord
 from ingest.formats import wire
 from ingest.formats.registered import RegistryDecoder
@@ -42,8 +43,6 @@ from ingest.types import Record
 def parse_avro(schema: Any, store: SchemaStore | None = None) -> Any:
     """A registry ``Schema`` (or schema text) parsed for fastavro, its references fetched from
     ``store``. Raises ValueError when it is not a usable Avro schema."""
-    from fastavro import parse_schema
-
     text = schema if isinstance(schema, str) else schema.schema_str
     schema_type = "AVRO" if isinstance(schema, str) else (schema.schema_type or "AVRO")
     if schema_type != "AVRO":
@@ -53,10 +52,7 @@ def parse_avro(schema: Any, store: SchemaStore | None = None) -> Any:
         if store is None:
             raise ValueError("it references other schemas, which need a registry")
         parse_schema_named(store.referenced(ref.subject, ref.version), store, named)
-    try:
-        return parse_schema(json.loads(text), named_schemas=named)
-    except Exception as exc:  # noqa: BLE001 - fastavro raises SchemaParseException, KeyError, ...
-        raise ValueError(f"not a valid Avro schema: {type(exc).__name__}: {exc}"[:300]) from None
+    return parse_avro_text(text, named)
 
 
 def parse_schema_named(schema: Any, store: SchemaStore, named: dict[str, Any]) -> None:

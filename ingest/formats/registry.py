@@ -1,59 +1,23 @@
 """The format registry: ``format:`` → its decoder class. The only place formats are told apart.
 
 Built-in formats are registered by import path (their libraries load only when
-used); a plugin adds one with :func:`register`.
+used); a plugin adds one with :func:`register`. The table itself is
+:data:`ingest.config.kinds.FORMATS`, so that configuration can validate format
+names without importing any decoder; this module adds building decoders.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from ingest.config.kinds import FORMATS as _formats  # noqa: F401 - the table (tests add formats to it)
+from ingest.config.kinds import decoder_class, uses_schema_registry
+from ingest.config.kinds import format_names as names
+from ingest.config.kinds import format_of as _format_of
+from ingest.config.kinds import register_format as register
 from ingest.formats.base import Decoder
 
-_formats: dict[str, Any] = {
-    "json": "ingest.formats.json:JsonDecoder",
-    "avro": "ingest.formats.avro:AvroDecoder",
-    "json_schema": "ingest.formats.json_schema:JsonSchemaDecoder",
-    "protobuf": "ingest.formats.protobuf:ProtobufDecoder",
-}
-
-
-def register(name: str, decoder: Any) -> None:
-    """Register (or replace) a format: its decoder class (or ``module:Class``), built with the pipeline."""
-    _formats[name] = decoder
-
-
-def names() -> list[str]:
-    return list(_formats)
-
-
-def decoder_class(name: str) -> type:
-    """The decoder class of ``name``. Raises KeyError for an unknown format."""
-    entry = _formats[name]
-    if isinstance(entry, str):
-        module, _, attr = entry.partition(":")
-        entry = _formats[name] = getattr(importlib.import_module(module), attr)
-    return entry  # type: ignore[no-any-return]
-
-
-def _format_of(pipeline: Any, field: str) -> str | None:
-    """The format of ``pipeline``'s values or keys; None for raw keys."""
-    if field == "value":
-        return pipeline.format  # type: ignore[no-any-return]
-    key_format = getattr(pipeline, "key_format", "raw")
-    return None if key_format == "raw" else key_format  # type: ignore[no-any-return]
-
-
-def uses_schema_registry(pipeline: Any) -> bool:
-    """Whether ``pipeline``'s value or key format looks schemas up in the ``schema_registry`` section
-    (a decoder class says so with a ``uses_schema_registry(pipeline, field)`` static method)."""
-    for field in ("value", "key"):
-        name = _format_of(pipeline, field)
-        check = getattr(decoder_class(name), "uses_schema_registry", None) if name else None
-        if check is not None and check(pipeline, field):
-            return True
-    return False
+__all__ = ["build_decoder", "decoder_class", "names", "register", "uses_schema_registry"]
 
 
 def build_decoder(pipeline: Any, schema_registry: Any = None, field: str = "value") -> Decoder | None:

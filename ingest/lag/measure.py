@@ -189,7 +189,7 @@ class _QuietLog:
 
 
 def _group_config(kafka: KafkaSettings, group_id: str) -> dict[str, Any]:
-    from ingest.sources.kafka import consumer_config
+    from ingest.sources.kafka_config import consumer_config
 
     return consumer_config(kafka, group_id)
 

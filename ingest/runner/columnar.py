@@ -2,7 +2,7 @@
 
 With the tier on, the accept loop does not map records: it tracks, sizes and batches them (items
 with neither row nor failure). When a batch is handed to its lane, :meth:`BatchWriter.prepare
-<ingest.writer.BatchWriter.prepare>` (on the pipeline thread) passes it to
+<ingest.runner.writer.BatchWriter.prepare>` (on the pipeline thread) passes it to
 :meth:`ColumnarTier.build` (:class:`~ingest.core.mapping.columnar.ColumnarPlan`: one C decode,
 Arrow columns, collapse) and has the sink encode it (``encode_columns``: PostgreSQL's CSV,
 ClickHouse's Arrow types), and the lane only writes it (``write_encoded``: one CSV COPY and one

@@ -28,36 +28,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Protocol
 
 from ingest.core.offsets import OffsetTracker
 from ingest.errors import TransientError
 from ingest.metrics import PipelineMetrics
 from ingest.runner.stats import PipelineStats
+from ingest.sinks.base import OffsetStore
 from ingest.sources.base import Source
 from ingest.types import Partition
 
 log = logging.getLogger(__name__)
-
-
-class OffsetStore(Protocol):
-    """Where exactly-once offsets live (the sink's database). Methods may raise TransientError."""
-
-    def load(self, partitions: Iterable[Partition]) -> dict[Partition, int]:
-        """Stored next offsets of ``partitions`` (those without one are left out)."""
-        ...
-
-    def save(self, watermarks: dict[Partition, int]) -> None:
-        """Store ``watermarks``; a stored offset never moves backwards."""
-        ...
-
-    def load_all(self) -> dict[Partition, int]:
-        """Every stored offset of the pipeline (for ``ingest lag``)."""
-        ...
-
-    def close(self) -> None:
-        """Release the connection. Idempotent."""
-        ...
 
 
 class Committer:

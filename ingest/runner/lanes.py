@@ -1,7 +1,7 @@
 """Worker lanes: where batches are written, each lane strictly in order.
 
 The pipeline thread hands each flushed batch to one lane with
-:meth:`LanePool.submit` and collects :class:`~ingest.writer.Completion`\\ s with
+:meth:`LanePool.submit` and collects :class:`~ingest.runner.writer.Completion`\\ s with
 :meth:`LanePool.completed`. One key always goes to the same lane and a lane
 writes its batches in FIFO order, so one key is always written in order.
 
@@ -22,7 +22,7 @@ from typing import Protocol
 from ingest.errors import TransientError
 from ingest.scheduler import WriteScheduler
 from ingest.types import Item
-from ingest.writer import BatchWriter, Completion, PreparedBatch
+from ingest.runner.writer import BatchWriter, Completion, PreparedBatch
 
 
 class LanePool(Protocol):

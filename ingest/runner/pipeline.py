@@ -6,7 +6,7 @@ One *pipeline thread* owns the source, the mapper, the per-lane ring batchers
 and the offset tracker; nothing else touches them, so none of them needs a
 lock. Each of the pipeline's ``lanes`` writes its batches strictly in order
 (:mod:`ingest.runner.lanes`; one key always hashes to the same lane, so one key
-is always written in order) and reports a :class:`~ingest.writer.Completion`.
+is always written in order) and reports a :class:`~ingest.runner.writer.Completion`.
 
 Ordering that must hold (and does, by construction)
 ---------------------------------------------------
@@ -68,7 +68,7 @@ from ingest.metrics import Metrics, PipelineMetrics
 from ingest.retry import retrying
 from ingest.runner.accept import Acceptor
 from ingest.runner.batching import LaneBatchers
-from ingest.runner.commits import Committer, OffsetStore
+from ingest.runner.commits import Committer
 from ingest.runner.drain import DrainWatch, describe
 from ingest.runner.flow import Flow, Signal
 from ingest.runner.hold import DecodeHold
@@ -76,9 +76,10 @@ from ingest.runner.lanes import LanePool, ThreadedLanes
 from ingest.runner.observe import Observer
 from ingest.runner.stats import PipelineStats
 from ingest.scheduler import WriteScheduler
+from ingest.sinks.base import OffsetStore
 from ingest.sources.base import Source, SourceFactory
 from ingest.types import Partition
-from ingest.writer import BatchWriter, Completion
+from ingest.runner.writer import BatchWriter, Completion
 
 log = logging.getLogger(__name__)
 

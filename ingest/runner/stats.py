@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ingest.metrics import PipelineMetrics
-    from ingest.writer import Completion
+    from ingest.runner.writer import Completion
 
 
 @dataclass

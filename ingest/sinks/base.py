@@ -6,7 +6,10 @@ Two objects per sink kind:
   builds sinks from settings, creates their tables (``migrate``), says which
   database they write (``identity``), and declares its :class:`Capabilities`
   instead of being probed for them;
-- a :class:`Sink` (one per pipeline, built by the backend): writes batches.
+- a :class:`Sink` (one per pipeline, built by the backend): writes batches;
+
+and, for exactly-once kinds, the :class:`OffsetStore` a backend gives the committer
+(:mod:`ingest.runner.commits`). The port imports no runner module: the runner depends on it.
 
 Rows are tuples in the sink's column order (``settings.columns``); the table a
 batch goes to is the sink's destination (``settings.table`` today). A batch has
@@ -23,13 +26,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ingest.types import Item
+from ingest.types import Item, Partition
 
 if TYPE_CHECKING:
     from ingest.config import PipelineSettings
     from ingest.config.base import SinkSettingsBase
     from ingest.dlq.base import DeadLetterQueue
-    from ingest.runner.commits import OffsetStore
 
 #: Runs inside the sink's transaction, after the rows (given the backend's connection object).
 InTransaction = Callable[[Any], None]
@@ -72,6 +74,27 @@ class Capabilities:
     #: ``write_encoded(payload, token=)`` write Arrow batches (``ingest.runner.columnar``);
     #: ``write_columns(table, token=)`` does both.
     columnar: bool = False
+
+
+class OffsetStore(Protocol):
+    """Where exactly-once offsets live (the sink's database; :meth:`SinkBackend.offset_store`); the
+    committer (:mod:`ingest.runner.commits`) stores them there. Methods may raise TransientError."""
+
+    def load(self, partitions: Iterable[Partition]) -> dict[Partition, int]:
+        """Stored next offsets of ``partitions`` (those without one are left out)."""
+        ...
+
+    def save(self, watermarks: dict[Partition, int]) -> None:
+        """Store ``watermarks``; a stored offset never moves backwards."""
+        ...
+
+    def load_all(self) -> dict[Partition, int]:
+        """Every stored offset of the pipeline (for ``ingest lag``)."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection. Idempotent."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

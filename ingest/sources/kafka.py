@@ -5,12 +5,9 @@ Translates librdkafka's world (Message, TopicPartition, KafkaError) into ours
 more: no batching, no commit policy. Owned by one pipeline thread; not
 thread-safe (confluent-kafka consumers must be driven by one thread).
 
-Settings we impose (a passthrough key in ``kafka.client`` may override the
-tunables but not the three safety settings):
-
-- ``enable.auto.commit = false`` and ``enable.auto.offset.store = false``:
-  only the pipeline commits, and only watermarks of handled records;
-- ``enable.partition.eof = false``.
+The consumer's librdkafka settings (the three safety settings it imposes, the
+tunables) are :func:`ingest.sources.kafka_config.consumer_config`'s; what lies
+beyond the committed offsets is read with a probe (:mod:`.kafka_probe`).
 
 Rebalance callbacks run inside :meth:`KafkaSource.poll` on the calling thread.
 
@@ -35,7 +32,6 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 from confluent_kafka import (
     OFFSET_INVALID,
@@ -49,6 +45,8 @@ from confluent_kafka import (
 from ingest.config import KafkaSettings
 from ingest.errors import ServiceUnreachable, TransientError
 from ingest.sources.base import Backlog, RebalanceListener
+from ingest.sources.kafka_config import consumer_config
+from ingest.sources.kafka_probe import new_probe, read_heads
 from ingest.types import Partition, Record, origin_of
 
 log = logging.getLogger(__name__)
@@ -58,20 +56,6 @@ _error_of, _headers_of, _timestamp_of = Message.error, Message.headers, Message.
 _topic_of, _partition_of, _offset_of = Message.topic, Message.partition, Message.offset
 _key_of, _value_of = Message.key, Message.value
 _stamp_of = operator.itemgetter(1)  # of Message.timestamp()'s (type, milliseconds)
-
-_SAFETY = {"enable.auto.commit": False, "enable.auto.offset.store": False, "enable.partition.eof": False}
-_DEFAULTS: dict[str, Any] = {
-    "auto.offset.reset": "earliest",
-    "queued.max.messages.kbytes": 32768,
-    "session.timeout.ms": 45000,
-    "max.poll.interval.ms": 300000,
-    # librdkafka's defaults (500 ms, 1000 ms) let the fetcher sit idle after a backpressure
-    # resume or a full local queue while lanes starve; measured end to end (1 process,
-    # 200k records): 110-116k -> 132k records/s, and 22k -> 87k with max_buffered_records 15000.
-    "fetch.wait.max.ms": 50,
-    "fetch.queue.backoff.ms": 50,
-}
-
 
 #: How often a source that saw every broker down asks for metadata, to tell when they are back (s).
 PROBE_INTERVAL_S = 5.0
@@ -114,11 +98,6 @@ class StallWatchdog:
             yield
         finally:
             done.set()
-
-
-def consumer_config(kafka: KafkaSettings, group_id: str) -> dict[str, Any]:
-    """librdkafka configuration for a pipeline's consumer (contains secrets: never log it)."""
-    return {**_DEFAULTS, **kafka.client_config(), "group.id": group_id, **_SAFETY}
 
 
 def _tp(p: TopicPartition) -> Partition:
@@ -319,8 +298,6 @@ class KafkaSource:
         records lie beyond them is read with a probe (:mod:`ingest.sources.kafka_probe`), not judged
         from the reported high watermark alone. Raises TransientError when the broker cannot tell.
         """
-        from ingest.sources.kafka_probe import new_probe, read_heads
-
         try:
             metadata = self._consumer.list_topics(timeout=timeout_s)
             tps: list[TopicPartition] = []

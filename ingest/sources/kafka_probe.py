@@ -25,13 +25,12 @@ from confluent_kafka import (
 )
 
 from ingest.config import KafkaSettings
+from ingest.sources.kafka_config import consumer_config
 from ingest.types import Partition
 
 
 def probe_config(kafka: KafkaSettings, purpose: str) -> dict[str, Any]:
     """librdkafka settings of a probe (contains secrets: never log it)."""
-    from ingest.sources.kafka import consumer_config
-
     # group.id is mandatory for a librdkafka consumer; a probe only assign()s, never
     # subscribes or commits, so it never becomes a member of that (throwaway) group.
     return {

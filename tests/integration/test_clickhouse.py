@@ -65,7 +65,7 @@ from ingest.sinks.clickhouse.errors import PERMANENT_CODES, TRANSIENT_CODES
 from ingest.sinks.clickhouse.schema import create_table_sql, migrate_clickhouse
 from ingest.sinks.clickhouse.sink import ClickHouseSink
 from ingest.types import Failure, Item, Record
-from ingest.writer import BatchWriter, Completion
+from ingest.runner.writer import BatchWriter, Completion
 
 pytestmark = pytest.mark.timeout(180)
 

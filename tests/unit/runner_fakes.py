@@ -33,7 +33,7 @@ from ingest.errors import PermanentError, TransientError
 from ingest.sinks.base import ExactlyOnceResult
 from ingest.sinks.postgres.exactly_once import split_fresh
 from ingest.types import Failure, Item, Partition
-from ingest.writer import BatchWriter, Completion
+from ingest.runner.writer import BatchWriter, Completion
 
 FAST_RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=1)
 

@@ -9,7 +9,7 @@ from ingest.core.collapse import CollapseRule
 from ingest.metrics import Metrics
 from ingest.runner.stats import PipelineStats
 from ingest.types import DeleteRow, Item, Record
-from ingest.writer import BatchWriter
+from ingest.runner.writer import BatchWriter
 
 
 class _Dlq:

@@ -30,7 +30,7 @@ from ingest.runner.columnar import ColumnarTier, columnar_tier
 from ingest.sinks.base import dedup_token
 from ingest.sinks.postgres.settings import PostgresSinkSettings
 from ingest.types import Item, Record
-from ingest.writer import BatchWriter
+from ingest.runner.writer import BatchWriter
 
 COLUMNS = {
     "event_id": {"type": "bigint", "source": "$.id", "required": True},

@@ -1,4 +1,4 @@
-"""Poison-row isolation (ingest/core/isolation.py) and the batch writer around it (ingest/writer.py).
+"""Poison-row isolation (ingest/core/isolation.py) and the batch writer around it (ingest/runner/writer.py).
 
 The fake sink is "transactional": a piece containing a poison row raises
 PermanentError and writes nothing; otherwise the whole piece is written.
@@ -21,7 +21,7 @@ from ingest.core.isolation import write_isolating
 from ingest.dlq.base import DlqEntry
 from ingest.errors import FatalPipelineError, PermanentError, TransientError
 from ingest.types import Failure, Item, Partition, Record
-from ingest.writer import BatchWriter
+from ingest.runner.writer import BatchWriter
 
 
 class FakeSink:

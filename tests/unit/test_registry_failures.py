@@ -32,7 +32,7 @@ from ingest.formats.registry import build_decoder
 from ingest.runner.pipeline import Pipeline, RunOptions
 from ingest.sources.memory import MemoryLog, MemorySource
 from ingest.types import Partition, Record
-from ingest.writer import BatchWriter
+from ingest.runner.writer import BatchWriter
 
 SCHEMA = '{"type":"record","name":"R","fields":[{"name":"id","type":"long"}]}'
 

@@ -17,7 +17,7 @@ from ingest.runner.drain import DrainWatch
 from ingest.sources.base import Backlog
 from ingest.sources.memory import MemoryLog, MemorySource
 from ingest.types import Partition
-from ingest.writer import BatchWriter
+from ingest.runner.writer import BatchWriter
 
 TOPIC = "t"
 P0, P1 = Partition(TOPIC, 0), Partition(TOPIC, 1)

@@ -48,7 +48,7 @@ from ingest.errors import FatalPipelineError
 from ingest.runner import Pipeline, RunOptions
 from ingest.sources.memory import MemoryLog, MemorySource
 from ingest.types import Partition, Record
-from ingest.writer import BatchWriter
+from ingest.runner.writer import BatchWriter
 
 TOPIC = "t"
 PARTITIONS = [Partition(TOPIC, 0), Partition(TOPIC, 1)]
