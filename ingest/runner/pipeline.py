@@ -329,10 +329,11 @@ class Pipeline:
             self._fatal = FatalPipelineError(f"pipeline {self.settings.name!r}: DLQ guard tripped: {trip}")
 
     def _wait_for(self, condition: Callable[[], bool]) -> bool:
-        """Apply completions until ``condition`` holds, abort, or shutdown_timeout_s passes."""
+        """Apply completions until ``condition`` holds, abort, a fatal error (the lanes are halted:
+        nothing more completes), or shutdown_timeout_s passes."""
         deadline = time.monotonic() + self.settings.shutdown_timeout_s
         while not condition():
-            if self._abort.is_set() or time.monotonic() >= deadline:
+            if self._abort.is_set() or self._fatal is not None or time.monotonic() >= deadline:
                 return False
             self._drain_completions(timeout_s=0.05)
         return True

@@ -314,6 +314,36 @@ def expected_from_log(log: Mapping[int, list[Msg]], upto: Mapping[int, int] | No
     return out
 
 
+def assert_committed_records_written(log: Mapping[int, list[Msg]], committed: Mapping[int, int],
+                                     written: Mapping[int, tuple]) -> None:
+    """Nothing committed that is not in the table, after a run that may have stopped mid-stream.
+
+    For every order id whose records reach below its partition's committed offset, the table's
+    row must be the row of its last record there *or of a later record of that key* (written
+    but not committed when the run stopped). Compared by log position, not by ``seq``: the
+    generator re-sends exact copies of earlier records, so a later offset may carry a lower seq.
+    """
+    last_below: dict[int, int] = {}  # order id -> offset of its last record below the commit
+    later_rows: dict[int, list[tuple]] = {}  # order id -> rows from that record on
+    for p, msgs in log.items():
+        limit = committed.get(p, 0)
+        for m in msgs:
+            try:
+                order_id, row = row_of(m.value)  # type: ignore[arg-type]
+            except Exception:  # noqa: BLE001 - poison records
+                continue
+            if m.offset < limit:
+                last_below[order_id] = m.offset
+                later_rows[order_id] = [row]
+            elif order_id in last_below:
+                later_rows[order_id].append(row)
+    for order_id, offset in last_below.items():
+        got = written.get(order_id)
+        assert got is not None and got in later_rows[order_id], (
+            f"order {order_id}: committed past its record at offset {offset}, but the table holds {got}; "
+            f"acceptable rows {later_rows[order_id]}")
+
+
 def assert_committed_at_log_end(bootstrap: str, group: str, topic: str) -> dict[int, int]:
     """Committed offset == true log end for every non-empty partition (and nothing else committed)."""
     ends = log_end_offsets(bootstrap, topic)

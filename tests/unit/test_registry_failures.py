@@ -52,7 +52,7 @@ def registry() -> Iterator[SchemaRegistryStandIn]:
 def _settings() -> PipelineSettings:
     return PipelineSettings.model_validate({
         "name": "p", "topics": ["t"], "format": "avro", "lanes": 1, "commit_interval_ms": 10,
-        "shutdown_timeout_s": 0.05, "retry": FAST_RETRY.model_dump(),
+        "shutdown_timeout_s": 30, "retry": FAST_RETRY.model_dump(),
         "sink": {"kind": "postgres", "dsn": "postgresql://m@127.0.0.1:1/x", "table": "t", "conflict_key": ["id"],
                  "columns": {"id": {"type": "bigint"}}}})
 

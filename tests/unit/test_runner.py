@@ -25,7 +25,7 @@ P0, P1 = Partition(TOPIC, 0), Partition(TOPIC, 1)
 
 def _settings(**extra) -> PipelineSettings:
     return PipelineSettings.model_validate({
-        "name": "unit", "topics": [TOPIC], "lanes": 1, "commit_interval_ms": 10, "shutdown_timeout_s": 0.05,
+        "name": "unit", "topics": [TOPIC], "lanes": 1, "commit_interval_ms": 10, "shutdown_timeout_s": 30,
         "batch": {"max_rows": 100, "max_latency_ms": 20}, "retry": FAST_RETRY.model_dump(),
         "sink": {"kind": "postgres", "dsn": "postgresql://u@127.0.0.1:1/x", "table": "t", "conflict_key": ["id"],
                  "columns": {"id": {"type": "bigint", "required": True}}},
@@ -37,7 +37,7 @@ class Harness:
     """One member on a MemoryLog, with a model table, stepped lanes and a fake clock."""
 
     def __init__(self, log: MemoryLog, *, until_idle_s: float | None = None, drain_timeout_s: float | None = None,
-                 assign: tuple[Partition, ...] = (P0,)) -> None:
+                 assign: tuple[Partition, ...] = (P0,), settings: PipelineSettings | None = None) -> None:
         self.log, self.clock = log, FakeClock()
         self.table, self.dlq = ModelTable(key_index=(0,)), ModelDlq()
         self.stop, abort = threading.Event(), threading.Event()
@@ -50,7 +50,7 @@ class Harness:
             self.source = MemorySource(log, listener, [TOPIC])
             return self.source
 
-        self.pipeline = Pipeline(_settings(), source_factory=factory, writer=writer, stop=self.stop, abort=abort,
+        self.pipeline = Pipeline(settings or _settings(), source_factory=factory, writer=writer, stop=self.stop, abort=abort,
                                  options=RunOptions(poll_timeout_ms=0, until_idle_s=until_idle_s,
                                                     drain_timeout_s=drain_timeout_s),
                                  lanes=self.lanes, clock=self.clock)
@@ -110,6 +110,21 @@ def test_until_idle_gives_up_after_the_drain_timeout_naming_what_is_left() -> No
         h.pipeline.finish()
     assert h.pipeline.stats.undrained == [{"topic": TOPIC, "partition": 1, "committed": 1, "behind": 3}]
     assert log.committed[P0] == 3, "its own partition is committed"
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_failing_during_the_shutdown_drain_ends_the_wait_at_once() -> None:
+    """Its retries spent, a batch halts the lanes: nothing more can complete, so the drain stops
+    waiting (it used to spin until shutdown_timeout_s -- an hour here -- before exiting)."""
+    log = _log({P0: 150})
+    h = Harness(log, settings=_settings(shutdown_timeout_s=3600))
+    assert h.pipeline.step()  # 100 records dispatched to the lane, 50 buffered
+    assert h.lanes.pending() == [0]
+    h.table.transient = 1_000  # every write attempt fails: the batch's retries run out
+    h.stop.set()
+    with pytest.raises(FatalPipelineError):
+        h.pipeline.finish()
+    assert log.committed.get(P0, 0) == 0 and h.table.rows == {}, "nothing written, nothing committed"
 
 
 def test_new_records_end_the_wait() -> None:

@@ -74,7 +74,7 @@ def settings_for(mode: str) -> PipelineSettings:
         if mode == "versioned":
             sink["version_column"] = "v"
     return PipelineSettings.model_validate({
-        "name": "model", "topics": [TOPIC], "lanes": 2, "commit_interval_ms": 10, "shutdown_timeout_s": 0.05,
+        "name": "model", "topics": [TOPIC], "lanes": 2, "commit_interval_ms": 10, "shutdown_timeout_s": 30,
         "batch": {"max_rows": 3, "max_latency_ms": 50}, "max_buffered_records": 8,
         "retry": FAST_RETRY.model_dump(), "sink": sink,
     })
