@@ -49,6 +49,8 @@ pytestmark = pytest.mark.timeout(240)
 CLIENT_TIMEOUT_MS = 2_000
 #: How long a write waits for a pooled connection before it counts as a (retried) failure.
 POOL_WAIT_S = 5.0
+#: What a loaded 2-core machine (4 test workers sharing it) may add to a detection time.
+BUSY_SLACK_S = 6.0
 
 
 def _through(proxy: FaultProxy, dsn: str) -> str:
@@ -117,7 +119,7 @@ def test_a_silent_connection_mid_run_is_dropped_and_the_batch_retried(kafka_boot
     stalls = [e for e in _retries(proc) if _epoch(e["ts"]) >= silenced_at]
     assert stalls, f"no stalled write was reported\n{proc.describe()}"
     first = min(_epoch(e["ts"]) for e in stalls)
-    assert first - silenced_at < CLIENT_TIMEOUT_MS / 1000 + POOL_WAIT_S + 2.5, (first - silenced_at, stalls[:3])
+    assert first - silenced_at < CLIENT_TIMEOUT_MS / 1000 + POOL_WAIT_S + BUSY_SLACK_S, (first - silenced_at, stalls[:3])
     assert rows_in_blackhole < count_rows(pg_dsn)
 
 

@@ -128,6 +128,7 @@ def test_the_bench_shape_has_a_plan_and_other_shapes_do_not():
         assert Mapper(columns).columnar_plan(None) is None, column
 
 
+@pytest.mark.xdist_group("columnar-differential")  # with the check below, on one worker (pytest-xdist --dist loadgroup)
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(values(), min_size=1, max_size=25))
 # lines that are not documents: an empty one beside two documents on one line, a document split
@@ -152,8 +153,9 @@ def test_the_plan_writes_what_the_row_path_writes(raw):
     assert built.table.num_rows == len(expected) <= len(taken)
 
 
+@pytest.mark.xdist_group("columnar-differential")
 def test_the_differential_test_compared_columnar_batches():
-    """Runs after it (file order): the comparison must not have been skipped every time."""
+    """Runs after it (file order, the same worker): the comparison must not have been skipped every time."""
     assert COMPARED["columnar"] >= 20, COMPARED
 
 

@@ -129,6 +129,7 @@ def test_a_version_column_that_is_not_an_integer_column_has_no_plan():
     assert Mapper(cfg.columns).columnar_plan(rule.key_index, rule.version_index) is None
 
 
+@pytest.mark.xdist_group("columnar-ch-differential")  # with the check below, on one worker (pytest-xdist --dist loadgroup)
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(values(), min_size=1, max_size=25))
 @example([b'{"id": 1, "amount": 1.005}', b'{"id": 2, "amount": 12.5}'])  # 1.005 rounds: by rows
@@ -150,8 +151,9 @@ def test_the_plan_and_the_conversion_insert_what_the_row_path_inserts(raw):
     assert sorted(converted.to_pylist(), key=_key) == expected
 
 
+@pytest.mark.xdist_group("columnar-ch-differential")
 def test_the_differential_test_compared_columnar_batches():
-    """Runs after it (file order): the comparison must not have been skipped every time."""
+    """Runs after it (file order, the same worker): the comparison must not have been skipped every time."""
     assert COMPARED["columnar"] >= 20, COMPARED
 
 
