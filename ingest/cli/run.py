@@ -97,14 +97,15 @@ def run(config: ConfigOpt = None, pipeline: PipelineOpt = None, until_idle: Unti
         raise fail(EXIT_CONFIG, str(exc)) from None
     started = time.monotonic()
     errors = _run_all(built, stop, abort)
+    aborted = abort.is_set()  # a signal during the linger below only ends the linger
+    _report(built, errors, time.monotonic() - started, summary_json)
     if server is not None:
         if linger > 0 and not signalled.is_set():
             log.info("pipelines ended: serving their final status before exiting",
                      extra={"linger_s": linger, "failed": sorted(errors)})
             signalled.wait(linger)
         server.shutdown()
-    _report(built, errors, time.monotonic() - started, summary_json)
-    if abort.is_set():
+    if aborted:
         raise typer.Exit(EXIT_ABORTED)
     if errors:
         raise typer.Exit(EXIT_FAILED)
