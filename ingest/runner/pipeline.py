@@ -275,9 +275,9 @@ class Pipeline:
             if self._flow.regulate(source) is Signal.RESUMED:
                 self._last_activity_ms = self._clock()
             records = source.poll(self._options.consume_batch_size, self._poll_timeout_s)
-            if records:
-                self._observer.consumed(records)
             now_ms = self._clock()
+            if records:
+                self._observer.consumed(records, now_ms)
             if self._hold is not None and (records or self._hold.active):
                 held = self._hold.active
                 if held:  # only records of partitions still owned join a hold

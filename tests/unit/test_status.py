@@ -27,7 +27,7 @@ from ingest.errors import FatalPipelineError, TransientError
 from ingest.http import serve
 from ingest.metrics import Metrics
 from ingest.runner import Pipeline, RunOptions
-from ingest.runner.observe import Observer
+from ingest.runner.observe import SMALL_CHUNK, TIMESTAMP_SAMPLE_MS, Observer
 from ingest.runner.writer import BatchWriter
 from ingest.sources.memory import MemoryLog, MemorySource
 from ingest.status import MAX_MESSAGE, STATES, PipelineStatus, StatusBoard, error_class_of
@@ -179,7 +179,7 @@ def test_lag_in_seconds_is_now_minus_the_last_consumed_timestamp_while_behind() 
         tracker.assign(tp)
     tracker.mark_committed(P0, 10)
     tracker.mark_committed(p1, 50)
-    observer.consumed([Record(TOPIC, 0, 9, None, b"", 990_000), Record(TOPIC, 1, 49, None, b"", 999_000)])
+    observer.consumed([Record(TOPIC, 0, 9, None, b"", 990_000), Record(TOPIC, 1, 49, None, b"", 999_000)], 0)
     wall[0] = 1_004_000
 
     def observe() -> str:
@@ -202,6 +202,21 @@ def test_lag_in_seconds_is_now_minus_the_last_consumed_timestamp_while_behind() 
     text = generate_latest(metrics.registry).decode()
     assert _value(text, "ingest_consumer_lag_seconds", partition="0") is None
     assert _value(text, "ingest_committed_offset", partition="0") is None
+
+
+def test_timestamps_of_large_chunks_are_sampled() -> None:
+    observer = Observer("st", Metrics().pipeline("st"), LaneLoad(1), hot_key_share=0.5, hot_key_interval_s=10,
+                        now_ms=0)
+    big = [Record(TOPIC, 0, i, None, b"", 1000 + i) for i in range(SMALL_CHUNK + 1)]
+    observer.consumed(big, 0)
+    assert observer._last_ts_ms[(TOPIC, 0)] == 1000 + SMALL_CHUNK
+    later = [Record(TOPIC, 0, i, None, b"", 5000 + i) for i in range(SMALL_CHUNK + 1)]
+    observer.consumed(later, TIMESTAMP_SAMPLE_MS - 1)  # too soon: skipped
+    assert observer._last_ts_ms[(TOPIC, 0)] == 1000 + SMALL_CHUNK
+    observer.consumed(later[:2], TIMESTAMP_SAMPLE_MS - 1)  # small chunks are always read
+    assert observer._last_ts_ms[(TOPIC, 0)] == 5001
+    observer.consumed(later, TIMESTAMP_SAMPLE_MS * 2)
+    assert observer._last_ts_ms[(TOPIC, 0)] == 5000 + SMALL_CHUNK
 
 
 def test_messages_are_scrubbed_of_secrets_and_cut() -> None:
