@@ -82,8 +82,8 @@ def run(config: ConfigOpt = None, pipeline: PipelineOpt = None, until_idle: Unti
     from ingest.metrics import Metrics
     from ingest.runner import RunOptions
 
-    stop, abort, signalled = threading.Event(), threading.Event(), threading.Event()
-    _install_signals(stop, abort, signalled)
+    stop, abort, signalled, lingering = threading.Event(), threading.Event(), threading.Event(), threading.Event()
+    _install_signals(stop, abort, signalled, lingering)
     metrics = Metrics()
     server = _serve(metrics, metrics_port)
     options = RunOptions(consume_batch_size=settings.kafka.consume_batch_size,
@@ -103,6 +103,7 @@ def run(config: ConfigOpt = None, pipeline: PipelineOpt = None, until_idle: Unti
         if linger > 0 and not signalled.is_set():
             log.info("pipelines ended: serving their final status before exiting",
                      extra={"linger_s": linger, "failed": sorted(errors)})
+            lingering.set()
             signalled.wait(linger)
         server.shutdown()
     if aborted:
@@ -111,9 +112,13 @@ def run(config: ConfigOpt = None, pipeline: PipelineOpt = None, until_idle: Unti
         raise typer.Exit(EXIT_FAILED)
 
 
-def _install_signals(stop: threading.Event, abort: threading.Event, signalled: threading.Event) -> None:
+def _install_signals(stop: threading.Event, abort: threading.Event, signalled: threading.Event,
+                     lingering: threading.Event) -> None:
     def on_signal(signum: int, _frame: Any) -> None:
         signalled.set()
+        if lingering.is_set():  # the pipelines already ended: only the --linger wait is left
+            log.info("signal received: exiting", extra={"signal": signal.Signals(signum).name})
+            return
         if stop.is_set():
             log.warning("second signal: aborting")
             abort.set()

@@ -145,9 +145,16 @@ def test_held_by_a_registry_outage_then_running(tmp_path, kafka_bootstrap, pg_ds
         _, raw = get(port, "/metrics")
         assert metric(raw.decode(), "ingest_pipeline_state", pipeline="held", state="held") == 1
         schema_registry.start()
-        wait_until(_in_state(port, "held", "running", lag=0), 60, what="running again and caught up", proc=proc)
-        with psycopg.connect(pg_dsn) as conn:
-            assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] == 50
+        wait_until(_in_state(port, "held", "running"), 60, what="running again", proc=proc)
+
+        def rows() -> int:
+            with psycopg.connect(pg_dsn) as conn:
+                return conn.execute("SELECT count(*) FROM orders").fetchone()[0]
+
+        wait_until(lambda: rows() == 50, 60, what="the 50 held records written", proc=proc)
+        wait_until(lambda: (p := _pipeline(port, "held")) and p["partitions"]
+                   and p["partitions"][0]["committed"] == 50, 30, what="offset 50 committed", proc=proc)
+        assert _pipeline(port, "held")["dead_lettered"]["total"] == 0
     finally:
         proc.stop()
     assert proc.returncode == 0, proc.describe()
