@@ -15,7 +15,9 @@ run, through Prometheus's HTTP API:
   labels the README documents for it (plus ``pipeline``, ``job``, ``instance``; ``le`` for buckets).
 
 This is the check that metric names and labels in the docs, the rules, the dashboard and the code
-agree.
+agree. Two static checks go with it: the dashboard imports without edits (a data source variable,
+a pipeline variable every query filters on), and each panel's unit is what its queries compute
+from the metric names' unit suffixes (``_seconds``, ``_total`` under ``rate``, ``_share``).
 """
 
 from __future__ import annotations
@@ -220,3 +222,43 @@ def check_all(prom: PrometheusServer, start: float, end: float) -> list[str]:
         elif any(labels != want for labels in got):
             failures.append(f"{metric}: served with labels {sorted(got[0])}, README documents {sorted(want)}")
     return failures
+
+
+def test_the_dashboard_is_importable_with_its_variables():
+    """Grafana's import needs no edit: the data source is a variable, every query filters on $pipeline."""
+    dash = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    pipeline = variables["pipeline"]
+    assert pipeline["type"] == "query" and pipeline["includeAll"] and pipeline["multi"]
+    assert pipeline["datasource"]["uid"] == "${datasource}"
+    assert "label_values(" in pipeline["query"]["query"] and ", pipeline)" in pipeline["query"]["query"]
+    assert dash["uid"] and dash["title"] and isinstance(dash["schemaVersion"], int)
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dash["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        assert set(panel["gridPos"]) == {"h", "w", "x", "y"}
+        for target in panel["targets"]:
+            assert 'pipeline=~"$pipeline"' in target["expr"], (panel["title"], target["expr"])
+            assert target["datasource"]["uid"] == "${datasource}"
+
+
+def test_dashboard_units_follow_the_metric_units():
+    """A panel's unit agrees with what its queries compute from the metric names' unit suffixes."""
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        unit = panel["fieldConfig"]["defaults"]["unit"]
+        for target in panel["targets"]:
+            expr = target["expr"]
+            metric = _METRIC.findall(expr)[0]
+            if "histogram_quantile" in expr or (metric.endswith("_seconds") and "rate(" not in expr):
+                want = {"s"}  # a duration
+            elif metric == "ingest_paused_seconds_total" or metric.endswith("_share"):
+                want = {"percentunit"}  # seconds per second; a share
+            elif metric.endswith("_total") and "rate(" in expr:
+                want = {"rps"}  # events per second
+            elif metric == "ingest_pipeline_state":
+                want = {"none", "percentunit"}  # 0/1
+            else:
+                want = {"short"}  # a count (records, offsets)
+            assert unit in want, f"panel {panel['title']!r}: unit {unit!r} for {expr!r}, expected {sorted(want)}"
