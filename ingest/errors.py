@@ -99,4 +99,13 @@ class MigrationError(IngestError):
 
 
 class FatalPipelineError(IngestError):
-    """The pipeline cannot continue; the process exits non-zero."""
+    """The pipeline cannot continue; the process exits non-zero.
+
+    ``error_class`` names why, for ``GET /status`` and the metrics: the class of the error that ran
+    out of retries (e.g. ``transient``, ``schema_registry_unavailable``), ``dlq_guard``,
+    ``drain_timeout``, ``unclassified``, ``aborted``, or ``fatal`` when nothing more is known.
+    """
+
+    def __init__(self, message: str, *, error_class: str = "fatal") -> None:
+        super().__init__(message)
+        self.error_class = error_class

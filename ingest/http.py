@@ -1,4 +1,4 @@
-"""The operations HTTP endpoint: ``/metrics``, ``/healthz``, ``/readyz`` on one port.
+"""The operations HTTP endpoint: ``/metrics``, ``/healthz``, ``/readyz``, ``/status`` on one port.
 
 A small threaded ``http.server`` in a daemon thread (no framework needed):
 
@@ -6,7 +6,11 @@ A small threaded ``http.server`` in a daemon thread (no framework needed):
 - ``GET /healthz``  200 while every running pipeline loop turned within
   ``stuck_after_s``, else 503 (an orchestrator restarts the container);
 - ``GET /readyz``   200 when every pipeline has partitions assigned and its sink
-  answered, else 503.
+  answered, else 503;
+- ``GET /status``   200 with every pipeline's state, partitions (committed offset,
+  log end, lag), dead letters by class and last error (:mod:`ingest.status`;
+  the JSON is documented in the README). Always 200 while the process serves:
+  the state is in the body, not the code.
 
 Bodies of the health endpoints are small JSON documents with the details.
 """
@@ -34,6 +38,8 @@ def serve(metrics: Metrics, port: int, host: str = "0.0.0.0") -> ThreadingHTTPSe
                 ok, detail = metrics.health.live() if path == "/healthz" else metrics.health.ready()
                 body = orjson.dumps({"ok": ok, "pipelines": detail})
                 self._send(200 if ok else 503, body, "application/json")
+            elif path == "/status":
+                self._send(200, orjson.dumps(metrics.status.snapshot()), "application/json")
             else:
                 self._send(404, b"not found\n", "text/plain")
 

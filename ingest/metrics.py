@@ -7,6 +7,10 @@ metrics are thread-safe.
 
 Names follow Prometheus conventions: counters end in ``_total``, durations are
 ``_seconds``, sizes ``_bytes``; every series carries ``pipeline``.
+
+The alert rules (``deploy/prometheus/alerts.yaml``) and the dashboard
+(``deploy/grafana/ingest.json``) query these names; ``tests/integration/test_prometheus_scrape.py``
+checks every one of their expressions against a real Prometheus scraping a real process.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
 )
+
+from ingest.status import STATES, StatusBoard
 
 _BATCH_ROWS_BUCKETS = (1, 10, 50, 100, 500, 1000, 2000, 5000, 10000, 50000)
 _BATCH_BYTES_BUCKETS = (1 << 10, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
@@ -74,7 +80,26 @@ class Metrics:
                                    [*p, "lane"], registry=r)
         self.assigned_partitions = Gauge("ingest_assigned_partitions", "Partitions assigned to this process.", p,
                                          registry=r)
+        tp = [*p, "topic", "partition"]
+        self.lag_seconds = Gauge("ingest_consumer_lag_seconds",
+                                 "Time lag per partition: now minus the timestamp of the last record consumed from "
+                                 "it, while it has lag (0 when caught up).", tp, registry=r)
+        self.committed_offset = Gauge("ingest_committed_offset",
+                                      "Committed watermark (next offset to read) per partition.", tp, registry=r)
+        self.lane_buffered = Gauge("ingest_lane_buffered_records",
+                                   "Records in flight per lane (buffered or being written).", [*p, "lane"], registry=r)
+        self.state = Gauge("ingest_pipeline_state", "1 for the pipeline's current state (see GET /status), "
+                           "0 for the others.", [*p, "state"], registry=r)
+        self.ready = Gauge("ingest_pipeline_ready", "1 while the pipeline is ready as /readyz means it "
+                           "(running, partitions assigned, sink answered), else 0.", p, registry=r)
+        self.dlq_guard_tripped = Gauge("ingest_dlq_guard_tripped", "1 once the DLQ guard stopped the pipeline.", p,
+                                       registry=r)
         self.health = HealthState()
+        self.status = StatusBoard(on_state=self._state_changed)
+
+    def _state_changed(self, pipeline: str, old: str, new: str) -> None:
+        self.state.labels(pipeline, old).set(0)
+        self.state.labels(pipeline, new).set(1)
 
     def pipeline(self, name: str) -> PipelineMetrics:
         return PipelineMetrics(self, name)
@@ -104,8 +129,15 @@ class PipelineMetrics:
         self.e2e_latency = m.e2e_latency.labels(name)
         self.assigned = m.assigned_partitions.labels(name)
         self.health = m.health.pipeline(name)
+        self.status = m.status.pipeline(name)
+        self.ready = m.ready.labels(name)
+        self.dlq_guard_tripped = m.dlq_guard_tripped.labels(name)
         for trigger in ("size", "bytes", "time", "shutdown", "revoke"):
             m.flushes.labels(name, trigger)
+        for state in STATES:  # every state's series exists from the start (0), so queries on them never come back empty
+            m.state.labels(name, state).set(1 if state == self.status.state else 0)
+        self.ready.set(0)
+        self.dlq_guard_tripped.set(0)
 
     def flushed(self, trigger: str) -> None:
         self._m.flushes.labels(self.name, trigger).inc()
@@ -113,14 +145,26 @@ class PipelineMetrics:
     def dead_lettered(self, stage: str, error_class: str, n: int) -> None:
         self._m.dead_lettered.labels(self.name, stage, error_class).inc(n)
 
-    def set_lag(self, topic: str, partition: int, lag: int) -> None:
-        self._m.lag.labels(self.name, topic, str(partition)).set(lag)
+    def set_lag(self, topic: str, partition: int, lag: int, lag_s: float | None = None,
+                committed: int | None = None) -> None:
+        """One partition's lag in records, and (when given) in seconds and its committed offset."""
+        labels = (self.name, topic, str(partition))
+        self._m.lag.labels(*labels).set(lag)
+        if lag_s is not None:
+            self._m.lag_seconds.labels(*labels).set(lag_s)
+        if committed is not None:
+            self._m.committed_offset.labels(*labels).set(committed)
 
     def drop_lag(self, topic: str, partition: int) -> None:
-        try:
-            self._m.lag.remove(self.name, topic, str(partition))
-        except KeyError:
-            pass
+        """The partition is no longer assigned here: its per-partition series go (another member reports it)."""
+        for gauge in (self._m.lag, self._m.lag_seconds, self._m.committed_offset):
+            try:
+                gauge.remove(self.name, topic, str(partition))
+            except KeyError:
+                pass
+
+    def set_lane_buffered(self, lane: int, records: int) -> None:
+        self._m.lane_buffered.labels(self.name, str(lane)).set(records)
 
     def set_hot_key_share(self, lane: int, share: float) -> None:
         self._m.hot_key_share.labels(self.name, str(lane)).set(share)

@@ -53,11 +53,14 @@ if command -v apt-get >/dev/null 2>&1 && command -v dpkg-query >/dev/null 2>&1; 
         pkg_installed clickhouse-server || need+=(clickhouse-server)
         pkg_installed clickhouse-client || need+=(clickhouse-client)
     fi
+    # promtool (rule tests) and the Prometheus server (the real-scrape test) of deploy/prometheus/:
+    # the tests run their own server on a free loopback port (never the package's service).
+    pkg_installed prometheus || need+=(prometheus)
     if [ "${#need[@]}" -gt 0 ]; then
         log "installing system packages: ${need[*]}"
         export DEBIAN_FRONTEND=noninteractive
-        # Keep package scripts from starting services (clickhouse-server's postinst would try):
-        # the harness runs its own instances. Only when no policy exists already.
+        # Keep package scripts from starting services (the postinst of clickhouse-server and of
+        # prometheus would try): the harness runs its own instances. Only when no policy exists already.
         policy=/usr/sbin/policy-rc.d
         own_policy=
         if [ ! -e "$policy" ] && [ "$(id -u)" -eq 0 ]; then

@@ -42,7 +42,13 @@ DrainTimeoutOpt = Annotated[
 ]
 MetricsPortOpt = Annotated[
     int, typer.Option("--metrics-port", envvar="INGEST_METRICS_PORT",
-                      help="Serve /metrics, /healthz and /readyz on this port (0 = off).")
+                      help="Serve /metrics, /healthz, /readyz and /status on this port (0 = off).")
+]
+LingerOpt = Annotated[
+    float, typer.Option("--linger", envvar="INGEST_LINGER_S", metavar="SECONDS", min=0.0,
+                        help="After the pipelines ended on their own (failed, or --until-idle), keep serving "
+                             "/metrics and /status this long before exiting, so a scraper sees the final state "
+                             "(a signal ends it at once; not used with --processes).")
 ]
 SummaryOpt = Annotated[
     Optional[Path], typer.Option("--summary-json", help="Also write the exit summary as JSON to this file.")
@@ -57,7 +63,7 @@ ProcessesOpt = Annotated[
 @app.command()
 def run(config: ConfigOpt = None, pipeline: PipelineOpt = None, until_idle: UntilIdleOpt = None,
         drain_timeout: DrainTimeoutOpt = None, metrics_port: MetricsPortOpt = 9464, summary_json: SummaryOpt = None,
-        log_level: LogLevelOpt = "info", processes: ProcessesOpt = 1) -> None:
+        log_level: LogLevelOpt = "info", processes: ProcessesOpt = 1, linger: LingerOpt = 0.0) -> None:
     """Consume the configured topics and write them into their sinks until stopped.
 
     SIGTERM / SIGINT: stop fetching, flush, wait for writes (shutdown_timeout_s),
@@ -76,8 +82,8 @@ def run(config: ConfigOpt = None, pipeline: PipelineOpt = None, until_idle: Unti
     from ingest.metrics import Metrics
     from ingest.runner import RunOptions
 
-    stop, abort = threading.Event(), threading.Event()
-    _install_signals(stop, abort)
+    stop, abort, signalled, lingering = threading.Event(), threading.Event(), threading.Event(), threading.Event()
+    _install_signals(stop, abort, signalled, lingering)
     metrics = Metrics()
     server = _serve(metrics, metrics_port)
     options = RunOptions(consume_batch_size=settings.kafka.consume_batch_size,
@@ -91,17 +97,28 @@ def run(config: ConfigOpt = None, pipeline: PipelineOpt = None, until_idle: Unti
         raise fail(EXIT_CONFIG, str(exc)) from None
     started = time.monotonic()
     errors = _run_all(built, stop, abort)
-    if server is not None:
-        server.shutdown()
+    aborted = abort.is_set()  # a signal during the linger below only ends the linger
     _report(built, errors, time.monotonic() - started, summary_json)
-    if abort.is_set():
+    if server is not None:
+        if linger > 0 and not signalled.is_set():
+            log.info("pipelines ended: serving their final status before exiting",
+                     extra={"linger_s": linger, "failed": sorted(errors)})
+            lingering.set()
+            signalled.wait(linger)
+        server.shutdown()
+    if aborted:
         raise typer.Exit(EXIT_ABORTED)
     if errors:
         raise typer.Exit(EXIT_FAILED)
 
 
-def _install_signals(stop: threading.Event, abort: threading.Event) -> None:
+def _install_signals(stop: threading.Event, abort: threading.Event, signalled: threading.Event,
+                     lingering: threading.Event) -> None:
     def on_signal(signum: int, _frame: Any) -> None:
+        signalled.set()
+        if lingering.is_set():  # the pipelines already ended: only the --linger wait is left
+            log.info("signal received: exiting", extra={"signal": signal.Signals(signum).name})
+            return
         if stop.is_set():
             log.warning("second signal: aborting")
             abort.set()
@@ -123,7 +140,7 @@ def _serve(metrics: Any, port: int) -> Any:
     except OSError as exc:
         log.error("cannot serve metrics; continuing without", extra={"port": port, "error": str(exc)})
         return None
-    log.info("serving /metrics /healthz /readyz", extra={"port": port})
+    log.info("serving /metrics /healthz /readyz /status", extra={"port": port})
     return server
 
 

@@ -176,7 +176,7 @@ class SchemaStore:
                     raise FatalPipelineError(
                         f"the schema registry at {self.where} holds no subjects at all, so no record can be "
                         f"decoded ({ref_text(ref)} is unknown): is the url right? Stopping rather than dead-letter "
-                        "the topic") from None
+                        "the topic", error_class="schema_registry_empty") from None
                 return self._remember_poison(ref, InvalidRecord(
                     "decode", "unknown_schema", f"{ref_text(ref)} is not in the schema registry at {self.where}"))
             try:

@@ -32,8 +32,11 @@ class DecodeHold:
     """Records waiting for their schemas; see the module docstring."""
 
     def __init__(self, pipeline: str, prepare: Callable[[Sequence[Record]], None], retry: RetrySettings,
-                 flow: Flow, *, rng: random.Random | None = None) -> None:
+                 flow: Flow, *, rng: random.Random | None = None,
+                 on_error: Callable[[TransientError], None] | None = None) -> None:
+        """``on_error`` hears every TransientError that holds (or keeps holding) records; it must not raise."""
         self._pipeline = pipeline
+        self._on_error = on_error
         self._prepare = prepare
         self._retry = retry
         self._flow = flow
@@ -64,6 +67,8 @@ class DecodeHold:
         try:
             self._prepare(records)
         except TransientError as exc:
+            if self._on_error is not None:
+                self._on_error(exc)
             self._attempts += 1
             if not self._held:
                 self._held = list(records)

@@ -78,6 +78,7 @@ from ingest.runner.stats import PipelineStats
 from ingest.scheduler import WriteScheduler
 from ingest.sinks.base import OffsetStore
 from ingest.sources.base import Source, SourceFactory
+from ingest.status import error_class_of
 from ingest.types import Partition
 from ingest.runner.writer import BatchWriter, Completion
 
@@ -125,6 +126,8 @@ class Pipeline:
         self.stats = PipelineStats()
         self.metrics = metrics or Metrics().pipeline(settings.name)
         self._health = self.metrics.health
+        #: what GET /status reports (ingest.status); the state is set once per loop turn
+        self._status = self.metrics.status
         self._source_factory = source_factory
         self._stop = stop
         self._abort = abort
@@ -151,7 +154,8 @@ class Pipeline:
         self._flow = Flow(settings.name, settings.lanes, settings.max_buffered_records, settings.max_buffered_bytes,
                           stats=self.stats, metrics=self.metrics)
         #: registry formats: chunks wait here for their schemas while the registry cannot answer
-        self._hold = (DecodeHold(settings.name, prepare, settings.retry, self._flow)
+        self._hold = (DecodeHold(settings.name, prepare, settings.retry, self._flow,
+                                 on_error=lambda exc: self._status.error(error_class_of(exc), str(exc)))
                       if prepare is not None else None)
         self._batching = LaneBatchers(settings.lanes, settings.batch, pool=self._lanes, flow=self._flow,
                                       stats=self.stats, metrics=self.metrics, clock=clock)
@@ -165,6 +169,8 @@ class Pipeline:
         self._assigned_once = False
         self._closing = False
         self._fatal: BaseException | None = None
+        #: an unexpected exception out of step() (re-raised as is; reported by GET /status)
+        self._crash: BaseException | None = None
         self._crashed = False
 
     @property
@@ -220,6 +226,7 @@ class Pipeline:
         for tp in partitions:
             self._tracker.revoke(tp)
             self.metrics.drop_lag(tp.topic, tp.partition)
+        self._observer.forget(partitions)
         self._set_assigned()
 
     def _set_assigned(self) -> None:
@@ -238,8 +245,9 @@ class Pipeline:
         try:
             while self.step():
                 pass
-        except BaseException:
+        except BaseException as exc:
             self._crashed = True  # a chunk may be half tracked: commit no position past it
+            self._crash = exc
             raise
         finally:
             self.finish()
@@ -268,6 +276,8 @@ class Pipeline:
                 self._last_activity_ms = self._clock()
             records = source.poll(self._options.consume_batch_size, self._poll_timeout_s)
             now_ms = self._clock()
+            if records:
+                self._observer.consumed(records, now_ms)
             if self._hold is not None and (records or self._hold.active):
                 held = self._hold.active
                 if held:  # only records of partitions still owned join a hold
@@ -281,6 +291,7 @@ class Pipeline:
                     self.stats.first_record_s = time.monotonic()
                 self._acceptor.accept(records, now_ms)
             self._batching.flush_due(now_ms)
+            self._set_state()
             if now_ms - self._last_commit_ms >= self.settings.commit_interval_ms:
                 self._drain_completions()
                 self._committer.commit(source, to_position=self._all_tracked)
@@ -291,12 +302,18 @@ class Pipeline:
             return not self._finished(now_ms, source)
         except (TransientError, FatalPipelineError) as exc:  # retries ran out; a registry holding nothing
             self._crashed = True  # a chunk may be half tracked: commit no position past it
-            self._fatal = FatalPipelineError(f"pipeline {self.settings.name!r}: {exc}")
+            self._fatal = FatalPipelineError(f"pipeline {self.settings.name!r}: {exc}",
+                                             error_class=error_class_of(exc))
             return False
 
     def finish(self) -> PipelineStats:
         """Shut down (flush, wait, final commit, close the source); raise if the pipeline failed."""
-        self._shutdown()
+        try:
+            self._shutdown()
+        finally:
+            self._status.set_dead_lettered(self.stats.dead_lettered)
+            self.metrics.ready.set(0)
+            self._status.stopped(self._fatal if self._fatal is not None else self._crash)
         if self._fatal is not None:
             raise self._fatal if isinstance(self._fatal, FatalPipelineError) else FatalPipelineError(str(self._fatal))
         return self.stats
@@ -314,6 +331,7 @@ class Pipeline:
         self._health.sink_ok = c.error is None
         if c.error is not None:
             self._lanes.halt()
+            self._status.error(error_class_of(c.error), str(c.error))
             if self._fatal is None:
                 self._fatal = c.error
             log.error("batch failed", extra={"pipeline": self.settings.name, "lane": c.lane, "error": str(c.error)})
@@ -326,7 +344,9 @@ class Pipeline:
         if trip and self._fatal is None:
             # The batch itself is handled (in the sink or DLQ) and may be committed; queued ones are dropped.
             self._lanes.halt()
-            self._fatal = FatalPipelineError(f"pipeline {self.settings.name!r}: DLQ guard tripped: {trip}")
+            self.metrics.dlq_guard_tripped.set(1)
+            self._fatal = FatalPipelineError(f"pipeline {self.settings.name!r}: DLQ guard tripped: {trip}",
+                                             error_class="dlq_guard")
 
     def _wait_for(self, condition: Callable[[], bool]) -> bool:
         """Apply completions until ``condition`` holds, abort, a fatal error (the lanes are halted:
@@ -339,8 +359,22 @@ class Pipeline:
         return True
 
     # -- flow control, gauges, idle ------------------------------------------------------
+    def _set_state(self) -> None:
+        """The state GET /status shows (ingest.status.STATES), from this loop turn's facts."""
+        if not self._assigned_once:
+            return  # still "starting"
+        if self._hold is not None and self._hold.active:
+            self._status.set_state("held")
+        elif self._flow.paused:
+            self._status.set_state("paused")
+        else:
+            self._status.set_state("running")
+
     def _observe(self, now_ms: int) -> None:
         assert self._source is not None
+        h = self._health
+        self.metrics.ready.set(1 if h.running and h.assigned > 0 and h.sink_ok else 0)
+        self._status.set_dead_lettered(self.stats.dead_lettered)
         oldest = [*self._batching.oldest_ms(), *(d[0] for d in self._flow.dispatched_oldest_ms if d)]
         self._observer.observe(now_ms, tracker=self._tracker, source=self._source,
                                in_flight_records=self._flow.records, in_flight_bytes=self._flow.bytes,
@@ -367,7 +401,7 @@ class Pipeline:
         left = describe(verdict.backlog) or "the group's offsets could not be read"
         self._fatal = FatalPipelineError(
             f"pipeline {self.settings.name!r}: --until-idle: the group did not drain the topics within "
-            f"{drain.drain_timeout_ms / 1000:g} s: {left}")
+            f"{drain.drain_timeout_ms / 1000:g} s: {left}", error_class="drain_timeout")
         return True
 
     def _locally_idle(self, now_ms: int, idle_ms: int) -> bool:
@@ -384,6 +418,7 @@ class Pipeline:
         source = self._source
         assert source is not None
         self._closing = True
+        self._status.set_state("draining")
         if not self._abort.is_set() and self._fatal is None:
             self._batching.flush_all(FlushReason.SHUTDOWN)
             if not self._wait_for(lambda: self._flow.records == 0):

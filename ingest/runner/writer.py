@@ -227,11 +227,13 @@ class BatchWriter:
             result.error = FatalPipelineError(
                 f"pipeline {self._pipeline!r}: gave up after retries: {exc}"
                 if not self._abort.is_set()
-                else f"pipeline {self._pipeline!r}: aborted"
+                else f"pipeline {self._pipeline!r}: aborted",
+                error_class=exc.error_class if not self._abort.is_set() else "aborted",
             )
         except UnclassifiedError as exc:  # neither retried nor bisected: stop, naming it
             result.done.clear()
-            result.error = FatalPipelineError(f"pipeline {self._pipeline!r}: stopped: {exc}")
+            result.error = FatalPipelineError(f"pipeline {self._pipeline!r}: stopped: {exc}",
+                                              error_class="unclassified")
         except Exception as exc:  # noqa: BLE001 - a bug must stop the pipeline, not kill the lane silently
             result.done.clear()
             log.exception("unexpected error in batch writer")
