@@ -201,7 +201,16 @@ def _report(built: list[Any], errors: dict[str, BaseException], elapsed: float, 
         }
         summary_json.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     for name, exc in errors.items():
-        typer.echo(f"error: pipeline {name}: {scrub(str(exc))}", err=True)
+        typer.echo(error_line(name, scrub(str(exc))), err=True)
+
+
+def error_line(pipeline: str, message: str) -> str:
+    """``error: pipeline NAME: MESSAGE``, the pipeline named once (errors raised inside a pipeline
+    already begin with ``pipeline 'NAME': ``)."""
+    prefix = f"pipeline {pipeline!r}: "
+    while message.startswith(prefix):
+        message = message[len(prefix):]
+    return f"error: pipeline {pipeline}: {message}"
 
 
 def _peak_rss_bytes() -> int:

@@ -125,6 +125,7 @@ class Pipeline:
         self.settings = settings
         self.stats = PipelineStats()
         self.metrics = metrics or Metrics().pipeline(settings.name)
+        writer.on_retry = self.metrics.retries.inc
         self._health = self.metrics.health
         #: what GET /status reports (ingest.status); the state is set once per loop turn
         self._status = self.metrics.status

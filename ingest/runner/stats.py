@@ -69,7 +69,7 @@ class PipelineStats:
         if c.rows_deleted:
             m.rows_deleted.inc(c.rows_deleted)
         m.records_done.inc(c.records)
-        m.retries.inc(c.retries)
+        # m.retries counts each retry as it happens (BatchWriter.on_retry), not here
         m.write_calls.inc(c.write_calls)
         for (stage, error_class), n in c.dead_lettered.items():
             m.dead_lettered(stage, error_class, n)

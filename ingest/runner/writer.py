@@ -141,6 +141,10 @@ class BatchWriter:
         self._exactly_once = exactly_once
         self._dlq_lock = threading.Lock()
         self._dlq_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        #: Called at every retry as it happens, on the retrying thread (the pipeline points it at
+        #: ``ingest_retries_total``, so a batch that keeps retrying shows before it completes). Must not
+        #: raise. A :class:`Completion`'s ``retries`` still counts the batch's retries for the summary.
+        self.on_retry: Callable[[], None] | None = None
 
     @property
     def maps_in_lane(self) -> bool:
@@ -151,6 +155,8 @@ class BatchWriter:
     def _retrying(self, what: str, counter: list[int]) -> Retrying:
         def count() -> None:
             counter[0] += 1
+            if self.on_retry is not None:
+                self.on_retry()
 
         return retrying(self._retry, what=what, context={"pipeline": self._pipeline}, on_retry=count,
                         should_stop=self._abort.is_set)

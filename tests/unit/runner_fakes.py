@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,7 +111,8 @@ class ModelTable:
     ``key_index``: the conflict key columns (None: append-only). ``version_index``: the version
     column (an update applies only when ``EXCLUDED.v >= t.v``). ``keep_first``: ON CONFLICT DO NOTHING.
     Failure injection: ``transient`` makes the next that many writes fail; a row whose column
-    ``poison_index`` is in ``poison`` makes its piece fail with PermanentError.
+    ``poison_index`` is in ``poison`` makes its piece fail with PermanentError. ``before_write``, when
+    set, is called at every write attempt (a test looks at the world from inside a write).
     """
 
     def __init__(self, *, key_index: Sequence[int] | None, version_index: int | None = None,
@@ -125,6 +126,7 @@ class ModelTable:
         self.log: list[Write] = []
         self.transient = 0
         self.poison: set[Any] = set()
+        self.before_write: Callable[[], None] | None = None
         self._lock = threading.Lock()
 
     def key_of(self, row: tuple) -> Any:
@@ -132,6 +134,8 @@ class ModelTable:
         return tuple(row[i] for i in self.key_index)
 
     def write(self, rows: Sequence[tuple], *, token: str | None = None) -> None:
+        if self.before_write is not None:
+            self.before_write()
         with self._lock:
             if self.transient:
                 self.transient -= 1

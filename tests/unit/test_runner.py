@@ -127,6 +127,22 @@ def test_a_batch_failing_during_the_shutdown_drain_ends_the_wait_at_once() -> No
     assert log.committed.get(P0, 0) == 0 and h.table.rows == {}, "nothing written, nothing committed"
 
 
+def test_retries_reach_the_metric_as_they_happen_and_once() -> None:
+    """ingest_retries_total moves while a batch is still retrying (an alert on a retry storm must not
+    wait for the batch to complete), and the completion does not count them again."""
+    log = _log({P0: 5})
+    h = Harness(log)
+    retries = h.pipeline.metrics.retries
+    seen: list[float] = []  # the metric at each write attempt, before the batch completes
+    h.table.before_write = lambda: seen.append(retries._value.get())
+    h.table.transient = 2  # two failed attempts, then the write goes through (FAST_RETRY: 3 attempts)
+    for _ in range(3):
+        h.turn()
+    assert seen[:3] == [0, 1, 2], seen
+    assert retries._value.get() == 2
+    assert h.pipeline.stats.retries == 2 and len(h.table.rows) == 5
+
+
 def test_new_records_end_the_wait() -> None:
     watch = DrainWatch("p", idle_s=1, drain_timeout_s=2)
 
