@@ -142,10 +142,12 @@ def _use_system_allocator() -> None:
 def columnar_tier(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_once: bool,
                   mapper: Callable[[], Mapper]) -> ColumnarTier | None:
     """The pipeline's columnar tier when the pipeline can have it and ``p.columnar`` is not false, else
-    None (a pipeline that asked for it, ``columnar: true``, and cannot have it is told why in a
-    warning; unset, it is said at debug level). ``mapper()`` builds the row mapper the pipeline
+    None. Either way the tier is logged at start-up with, for rows, the first reason (a warning when
+    the pipeline asked for it, ``columnar: true``, and cannot have it). ``mapper()`` builds the row mapper the pipeline
     thread would use."""
     if p.columnar is False:
+        log.info("pipeline %r: write tier: rows (columnar: false)", p.name,
+                 extra={"pipeline": p.name, "tier": "rows", "why": "columnar: false"})
         return None
     rule = p.collapse_rule()
     why = None
@@ -168,17 +170,16 @@ def columnar_tier(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exa
         row_mapper = mapper()
         plan = row_mapper.columnar_plan(rule.key_index, rule.version_index)
         if plan is None:
-            why = ("a column reads something other than one top-level key or @topic/@partition/@offset/"
-                   "@timestamp/@stream, has a default, or is not an integer, text, numeric/decimal or timestamp "
-                   "column, or the version column is not an integer column")
+            why = row_mapper.columnar_refusal(rule.key_index, rule.version_index) or "its columns cannot be staged"
         else:
             try:
                 sink.use_columnar(plan.columns)
             except ValueError as exc:  # the sink cannot write these columns (or this table) by columns
                 why = str(exc)
     if why is not None or plan is None:
-        log.log(logging.WARNING if p.columnar else logging.DEBUG, "pipeline %r: columnar batches are off: %s",
-                p.name, why)
+        log.log(logging.WARNING if p.columnar else logging.INFO, "pipeline %r: write tier: rows (columnar batches "
+                "are off: %s)", p.name, why, extra={"pipeline": p.name, "tier": "rows", "why": why})
         return None
+    log.info("pipeline %r: write tier: columnar", p.name, extra={"pipeline": p.name, "tier": "columnar"})
     _use_system_allocator()
     return ColumnarTier(p.name, plan, sink.encode_columns, sink.write_encoded, row_mapper.map)

@@ -386,7 +386,40 @@ def test_a_pipeline_has_the_tier_by_default_wherever_it_fits(overrides, on, warn
     if warned:
         assert "lanes: 1" in warnings[0].getMessage()
     elif not on and overrides.get("columnar") is None:
-        assert any("columnar batches are off" in r.getMessage() for r in caplog.records)  # at debug level
+        assert any("write tier: rows (columnar batches are off: it needs lanes: 1" in r.getMessage()
+                   for r in caplog.records if r.levelno == logging.INFO)
+    if on:
+        assert any("write tier: columnar" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+
+
+@pytest.mark.parametrize(("column", "version", "key", "why"), [
+    ({"type": "text"}, None, None, None),
+    ({"type": "numeric(12,2)"}, None, None, None),
+    ({"type": "timestamptz"}, None, None, None),
+    ({"type": "numeric"}, None, None, "column 'a' is numeric without (precision, scale)"),
+    ({"type": "boolean"}, None, None, "column 'a' is boolean: the tier stages integer, text"),
+    ({"type": "jsonb"}, None, None, "column 'a' is jsonb"),
+    ({"type": "double precision"}, None, None, "column 'a' is double precision"),
+    ({"type": "bigint", "source": "$.x.y"}, None, None, "column 'a' reads '$.x.y' (the tier reads one top-level key"),
+    ({"type": "bigint", "default": 5}, None, None, "column 'a' has a default"),
+    ({"type": "text", "source": "@key"}, None, None, "column 'a' reads '@key', which the tier does not stage"),
+    ({"type": "timestamptz"}, "a", None, "the version column 'a' is timestamptz, not an integer column"),
+    ({"type": "text"}, None, "$.x.y", "the pipeline key '$.x.y' is not one top-level key"),
+])
+def test_the_tier_names_the_first_column_it_cannot_take(column, version, key, why):
+    sink = {"kind": "postgres", "dsn": "postgresql://u@h/d", "table": "t", "conflict_key": ["id"],
+            "columns": {"id": {"type": "bigint", "required": True}, "a": column}}
+    if version:
+        sink["version_column"] = version
+    p = PipelineSettings.model_validate({"name": "p", "topics": ["t"], "sink": sink, **({"key": key} if key else {})})
+    rule = p.collapse_rule()
+    mapper = Mapper(p.sink.columns, p.key)
+    refusal = mapper.columnar_refusal(rule.key_index, rule.version_index)
+    assert (refusal is None) is (mapper.columnar_plan(rule.key_index, rule.version_index) is not None)
+    if why is None:
+        assert refusal is None
+    else:
+        assert refusal is not None and refusal.startswith(why), refusal
 
 
 def test_a_sink_without_the_capability_or_exactly_once_writes_by_rows():

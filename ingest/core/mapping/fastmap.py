@@ -294,7 +294,7 @@ def _typed_struct(keys: Sequence[str], fields: Sequence[str | None] | None = Non
 def typed_keys(columns: Sequence[FastColumn], key_doc_key: str | None) -> list[str] | None:
     """The document keys a typed tier reads (columns first, then the ordering key's), or None when
     some source reads the document other than by one key (a longer path, ``$`` itself) or a key is
-    one msgspec cannot name (:func:`_unnameable`)."""
+    one msgspec cannot name (:func:`unnameable_key`)."""
     keys: list[str] = []
     for col in columns:
         if col.doc_key is not None:
@@ -303,12 +303,12 @@ def typed_keys(columns: Sequence[FastColumn], key_doc_key: str | None) -> list[s
             return None
     if key_doc_key is not None:
         keys.append(key_doc_key)
-    if any(_unnameable(key) for key in keys):
+    if any(unnameable_key(key) for key in keys):
         return None
     return list(dict.fromkeys(keys)) or None
 
 
-def _unnameable(key: str) -> bool:
+def unnameable_key(key: str) -> bool:
     """msgspec cannot name a field so (a backslash, a double quote or a control character)."""
     return '"' in key or "\\" in key or any(ord(ch) < 0x20 for ch in key)
 

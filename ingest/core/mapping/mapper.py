@@ -55,7 +55,7 @@ parsed exactly.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -77,6 +77,7 @@ from ingest.core.mapping.fastmap import (
     compile_fast_map,
     compile_typed_map,
     typed_keys,
+    unnameable_key,
 )
 from ingest.core.mapping.getters import (
     _metadata_getter,
@@ -182,7 +183,7 @@ class Mapper:
 
     __slots__ = ("column_names", "column_types", "_plan", "_needs_json", "_needs_object", "_key_getter", "_fast",
                  "_fast_doc", "_untyped", "_decoder", "_describe", "fast_misses", "_typed_misses", "_typed_offered",
-                 "_typed_reviewed_misses", "_columnar_source")
+                 "_typed_reviewed_misses", "_columnar_source", "_columnar_why", "_sources")
 
     def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None, *,
                  dialect: str | None = None, decoder: Decoder | None = None,
@@ -254,15 +255,64 @@ class Mapper:
         #: what a columnar plan is made of (:meth:`columnar_plan`): the columns of a typed JSON pipeline,
         #: the keys it decodes, and their dialect (one for every column)
         self._columnar_source: tuple[list[FastColumn], list[str], str] | None = None
+        #: why there is no columnar source (the first reason), for :meth:`columnar_refusal`
+        self._columnar_why: str | None = None
+        self._sources = sources
         if keys is not None and loads is orjson.loads:  # JSON values, every $ source one key: the typed tier
             dialects = {dialect or getattr(spec, "dialect", "postgres") for spec in columns.values()}
             if len(dialects) == 1:
                 self._columnar_source = (fast_columns, keys, dialects.pop())
+            else:
+                self._columnar_why = "its columns mix dialects"
             self._fast = compile_typed_map(fast_columns, keys, untyped=self._untyped, key_doc_key=key_doc_key,
                                            key_getter=self._key_getter, render_key=_render_key,
                                            misses=self._typed_misses)
+        elif loads is not orjson.loads:
+            self._columnar_why = "its values are not JSON documents"
+        else:
+            self._columnar_why = self._untyped_reason(fast_columns, key_path, key_doc_key, key_typed)
         self._fast_doc = compile_fast_map(fast_columns, needs_json=True, needs_object=self._needs_object,
                                           key_getter=self._key_getter, render_key=_render_key, given_doc=True)
+
+    def _untyped_reason(self, fast_columns: Sequence[FastColumn], key_path: str | None, key_doc_key: str | None,
+                        key_typed: bool) -> str:
+        """Why the typed decoder (and so the columnar tier) reads none of this mapper's documents."""
+        for name, col in zip(self.column_names, fast_columns, strict=True):
+            if col.doc_key is None and col.reads_doc:
+                return f"column {name!r} reads {self._sources[name]!r} (the tier reads one top-level key per column)"
+            if col.doc_key is not None and unnameable_key(col.doc_key):
+                return f"column {name!r} reads a key with a quote, backslash or control character"
+        if not key_typed:
+            return f"the pipeline key {key_path!r} is not one top-level key"
+        if key_doc_key is not None and unnameable_key(key_doc_key):
+            return "the pipeline key has a quote, backslash or control character"
+        return "no column reads the record value"
+
+    def columnar_refusal(self, key_index: tuple[int, ...] | None, version_index: int | None = None) -> str | None:
+        """Why :meth:`columnar_plan` makes no plan for these columns -- the first reason, naming the
+        column -- or None when it makes one."""
+        if self._columnar_source is None:
+            return self._columnar_why or "the columns cannot be staged"
+        columns, _keys, dialect = self._columnar_source
+        kinds = []
+        for name, col, full in zip(self.column_names, columns, self.column_types, strict=True):
+            staged = ch_staged(name, col, ch_type(full)) if dialect == "clickhouse" else pg_staged(name, col, full)
+            if staged is not None:
+                kinds.append(staged.kind)
+                continue
+            if col.default is not None:
+                return f"column {name!r} has a default (the row mapper fills defaults)"
+            if col.doc_key is None:
+                return f"column {name!r} reads {self._sources[name]!r}, which the tier does not stage"
+            kind = col.inline[0] if col.inline else None
+            if kind == "decimal" and dialect != "clickhouse":
+                return (f"column {name!r} is {full} without (precision, scale): each value keeps its own scale, "
+                        "which Arrow does not")
+            return f"column {name!r} is {full}: the tier stages integer, text, numeric(p, s) and timestamp columns"
+        if version_index is not None and kinds[version_index] != "int":
+            name, full = self.column_names[version_index], self.column_types[version_index]
+            return f"the version column {name!r} is {full}, not an integer column"
+        return None
 
     def columnar_plan(self, key_index: tuple[int, ...] | None,
                       version_index: int | None = None) -> ColumnarPlan | None:
