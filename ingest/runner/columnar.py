@@ -159,6 +159,8 @@ def columnar_tier(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exa
         why = "it reads plain JSON values only"
     elif p.has_deletes:
         why = "a pipeline whose records delete writes by rows"
+    elif p.transforms:
+        why = "transforms run on the row path (the columnar tier does not apply them yet)"
     elif rule.key_index is not None and (rule.keep != "last" or rule.merge_deletes):
         why = "its collapse rule is not 'the last (or highest-version) record of a key wins'"
     elif importlib.util.find_spec("pyarrow") is None:
