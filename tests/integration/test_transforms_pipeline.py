@@ -1,0 +1,135 @@
+"""Transforms end to end (issue #37): real broker, real PostgreSQL, ``python -m ingest`` as a subprocess.
+
+One stream of orders through a pipeline with a filter, computed columns, flatten and a timestamp
+step. Every test-tenant record is filtered (counted, its offset committed); a record the
+``set`` step fails on (an amount sent as text) is dead-lettered as ``transform/transform_error``
+naming the step; the rest land with the computed values. After the configuration is fixed,
+``replay-dlq`` applies the current transforms and writes each dead-lettered record once. Ground
+truth is the stream we produced; offsets are checked against the true log end.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from harness import run_ingest, write_config
+from harness.kafka import TEST_CONSUMER_SETTINGS, produce
+from pipeline_helpers import assert_committed_at_log_end, dlq_rows, read_summary
+
+pytestmark = pytest.mark.timeout(240)
+
+PIPELINE = "orders"
+TABLE = "orders_t"
+N = 300
+BASE_MS = 1_764_928_800_000  # 2025-12-05T10:00:00Z
+
+
+def order(i: int) -> dict[str, Any]:
+    doc: dict[str, Any] = {"order_id": i, "tenant": "test" if i % 5 == 0 else "acme", "amount": i + 0.25,
+                           "ms": BASE_MS + i, "meta": {"src": "web" if i % 2 else "app"}}
+    if i % 17 == 3:  # poison for the first configuration: text where the expression multiplies a double
+        doc["amount"] = f"{i}.25"
+    return doc
+
+
+def transforms(amount: str) -> list[dict[str, Any]]:
+    return [
+        {"filter": "value.tenant != 'test'", "name": "no-test"},
+        {"set": {"amount_cents": amount, "source": "'shop'"}},
+        {"flatten": {"fields": ["meta"]}},
+        {"timestamp": {"field": "ms", "format": "epoch_ms", "into": "at"}},
+    ]
+
+
+def config(bootstrap: str, topic: str, group: str, dsn: str, amount: str) -> dict[str, Any]:
+    return {
+        "kafka": {"bootstrap_servers": bootstrap, "client": dict(TEST_CONSUMER_SETTINGS)},
+        "pipelines": [{
+            "name": PIPELINE, "topics": [topic], "group_id": group, "commit_interval_ms": 200,
+            "shutdown_timeout_s": 10, "transforms": transforms(amount),
+            "sink": {"kind": "postgres", "dsn": dsn, "table": TABLE, "conflict_key": ["order_id"], "columns": {
+                "order_id": {"type": "bigint", "required": True},
+                "tenant": {"type": "text"},
+                "amount_cents": {"type": "bigint", "required": True},
+                "source": {"type": "text"},
+                "meta_src": {"type": "text"},
+                "at": {"type": "timestamptz", "required": True},
+            }},
+        }],
+    }
+
+
+def ok(res: Any) -> None:
+    assert res.returncode == 0, (f"ingest exited {res.returncode}\n--- stdout ---\n{res.stdout[-3000:]}\n"
+                                 f"--- stderr ---\n{res.stderr[-6000:]}")
+
+
+def rows(dsn: str) -> dict[int, tuple]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        got = conn.execute(f"SELECT order_id, tenant, amount_cents, source, meta_src, at FROM {TABLE}").fetchall()
+    return {r[0]: tuple(r[1:]) for r in got}
+
+
+def expected_row(i: int) -> tuple:
+    return ("acme", i * 100 + 25, "shop", "web" if i % 2 else "app",
+            datetime.fromtimestamp((BASE_MS + i) / 1000, tz=timezone.utc))
+
+
+def test_filter_set_and_transform_errors_then_replay_after_the_fix(kafka_bootstrap, pg_dsn, new_topic, group_id,
+                                                                      tmp_path: Path) -> None:
+    topic = new_topic(3)
+    docs = [order(i) for i in range(N)]
+    assert produce(kafka_bootstrap, topic, [(str(d["order_id"]).encode(), json.dumps(d).encode()) for d in docs]) == N
+    filtered = {d["order_id"] for d in docs if d["tenant"] == "test"}
+    poison = {d["order_id"] for d in docs if isinstance(d["amount"], str) and d["order_id"] not in filtered}
+    good = {d["order_id"] for d in docs} - filtered - poison
+    assert filtered and poison and good
+
+    first = write_config(tmp_path, config(kafka_bootstrap, topic, group_id, pg_dsn, "int(value.amount * 100.0)"))
+    ok(run_ingest(["migrate", "--config", first], timeout_s=60, log_dir=tmp_path))
+    summary_path = tmp_path / "summary.json"
+    res = run_ingest(["run", "--config", first, "--until-idle", "3", "--metrics-port", "0",
+                      "--summary-json", summary_path], timeout_s=150, log_dir=tmp_path)
+    ok(res)
+
+    # The good records landed with the computed values; no filtered or poison record did.
+    assert rows(pg_dsn) == {i: expected_row(i) for i in good}
+    # Every poison record is in the DLQ with its step, nothing else is; it was not passed on untransformed.
+    dead = dlq_rows(pg_dsn)
+    assert sorted(json.loads(d["value"])["order_id"] for d in dead) == sorted(poison)
+    for d in dead:
+        assert (d["stage"], d["error_class"], d["status"]) == ("transform", "transform_error", "pending")
+        assert d["error_message"].startswith("transforms[1] (1-set): set.amount_cents: "), d["error_message"]
+    # Filtered records are counted and their offsets committed with the rest: the group is at the log end.
+    stats = read_summary(summary_path)["pipelines"][PIPELINE]
+    assert stats["records_consumed"] == N
+    assert stats["filtered"] == len(filtered) and stats["filtered_by_step"] == {"no-test": len(filtered)}
+    assert stats["dead_lettered_by_class"] == {"transform/transform_error": len(poison)}
+    assert stats["skipped"] == 0
+    assert f"filtered {len(filtered)}," in res.stderr
+    assert sum(assert_committed_at_log_end(kafka_bootstrap, group_id, topic).values()) == N
+
+    # A configuration that does not compile is refused at start-up, naming the step and the position.
+    broken = write_config(tmp_path, config(kafka_bootstrap, topic, group_id, pg_dsn, "int(value.amount * )"),
+                          name="broken.yaml")
+    res = run_ingest(["run", "--config", broken, "--until-idle", "1", "--metrics-port", "0"], timeout_s=60,
+                     log_dir=tmp_path)
+    assert res.returncode == 2
+    assert "pipelines[0].transforms[1].set.amount_cents: does not compile at line 1, column 20" in res.stderr
+
+    # Fix the expression (amounts as text too) and replay: the DLQ's records go through the current
+    # transforms and are written once.
+    fixed = write_config(tmp_path, config(kafka_bootstrap, topic, group_id, pg_dsn,
+                                          "int(double(value.amount) * 100.0)"), name="fixed.yaml")
+    ok(run_ingest(["replay-dlq", "--config", fixed, "--pipeline", PIPELINE], timeout_s=120, log_dir=tmp_path))
+    assert rows(pg_dsn) == {i: expected_row(i) for i in good | poison}
+    assert {d["status"] for d in dlq_rows(pg_dsn)} == {"replayed"}
+    res = run_ingest(["replay-dlq", "--config", fixed, "--pipeline", PIPELINE], timeout_s=120, log_dir=tmp_path)
+    ok(res)
+    assert rows(pg_dsn) == {i: expected_row(i) for i in good | poison}
+    assert len(dlq_rows(pg_dsn)) == len(poison)
