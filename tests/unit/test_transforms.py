@@ -103,7 +103,7 @@ def test_a_republished_record_reads_its_origin() -> None:
 @pytest.mark.parametrize(("expr", "doc", "words"), [
     ("value.missing + 1", {}, "missing"),
     ("value.a / 0", {"a": 1}, "divide by zero"),
-    ("int('x')", {}, "convert"),
+    ("int(value.s)", {"s": "x"}, "convert"),
     ("value.a + value.b", {"a": 1, "b": 1.5}, "overload"),
     ("9223372036854775807 + value.a", {"a": 1}, "overflow"),
     ("value.b", {"b": {"x": 10**20}}, "range"),
@@ -467,3 +467,17 @@ def test_filtered_records_are_done_at_once_and_counted_per_step() -> None:
     sample = metrics.registry.get_sample_value
     assert sample("ingest_records_filtered_total", {"pipeline": "p", "step": "no-test"}) == 2
     assert sample("ingest_records_filtered_total", {"pipeline": "p", "step": "1-filter"}) == 1
+
+
+def test_constant_expressions_are_evaluated_once_and_one_that_always_fails_is_refused() -> None:
+    t = transformer({"set": {"source": "'shop'", "n": "2 * 21", "x": "value.a"}})
+    step = t.steps[0]
+    assert step.constants == {"source": "shop", "n": 42} and [f for f, _ in step.fields] == ["x"]
+    assert t.apply(rec({}), {"a": 1}) == {"a": 1, "source": "shop", "n": 42, "x": 1}
+    with pytest.raises(ConfigError, match=r"transforms\[0\]\.set\.bad: fails for every record: .*divide by zero"):
+        transformer({"set": {"bad": "1 / 0"}})
+
+
+def test_only_the_metadata_expressions_read_is_built_and_a_name_in_a_literal_is_harmless() -> None:
+    t = transformer({"set": {"a": "'headers and key' + value.s", "b": "string(offset)"}})
+    assert t.apply(rec({}, offset=9), {"s": "!"}) == {"s": "!", "a": "headers and key!", "b": "9"}

@@ -88,16 +88,40 @@ def _compile_error(text: str) -> CompileError:
     return CompileError(int(m.group(1)), int(m.group(2)), message)
 
 
-def activation(record: Record, value: Any) -> Any:
-    """The variables of one record's expressions (build once per record and value; reusable)."""
-    origin = record.origin
-    topic, partition, offset = (record.topic, record.partition, record.offset) if origin is None else origin[:3]
-    headers = {name: hvalue for name, hvalue in record.headers} if record.headers else {}
+#: the variables an expression may read (every one declared in ``_ENV``)
+VARIABLES = ("value", "key", "topic", "partition", "offset", "timestamp", "headers")
+_METADATA = frozenset(VARIABLES) - {"value"}
+
+
+def variables_read(texts: list[str]) -> frozenset[str]:
+    """The variables ``texts`` may read: every declared name that occurs in them as a word (a name
+    inside a string literal counts too: over-inclusive, never short). An activation needs only these."""
+    return frozenset(name for name in VARIABLES if any(re.search(rf"\b{name}\b", t) for t in texts))
+
+
+def activation(record: Record, value: Any, names: frozenset[str] = _METADATA) -> Any:
+    """The variables of one record's expressions: ``value`` and the metadata among ``names`` (see
+    :func:`variables_read`; building only those saves half the cost). Reusable across expressions."""
+    data: dict[str, Any] = {"value": value}
+    if names:
+        origin = record.origin
+        if origin is None:
+            data["topic"], data["partition"], data["offset"] = record.topic, record.partition, record.offset
+        else:
+            data["topic"], data["partition"], data["offset"] = origin[:3]
+        data["key"] = record.key
+        data["timestamp"] = record.timestamp_ms
+        if "headers" in names:
+            data["headers"] = {name: hvalue for name, hvalue in record.headers} if record.headers else {}
     try:
-        return _ENV.Activation({"value": value, "key": record.key, "topic": topic, "partition": partition,
-                                "offset": offset, "timestamp": record.timestamp_ms, "headers": headers})
+        return _ENV.Activation(data)
     except Exception as exc:  # noqa: BLE001 - a value the binding cannot take fails this record only
         raise EvalError(f"the record cannot be given to CEL: {exc}") from None
+
+
+def empty_activation() -> Any:
+    """Variables for an expression that reads none (a constant, evaluated once when compiled)."""
+    return _ENV.Activation({})
 
 
 def evaluate(program: Program, variables: Any) -> Any:
@@ -105,11 +129,17 @@ def evaluate(program: Program, variables: Any) -> Any:
     :func:`to_json`. Raises :class:`EvalError` with the binding's message."""
     try:
         result = program.eval(variables)
+        value = result.plain_value()
     except Exception as exc:  # noqa: BLE001 - the binding's own failure is this record's failure
         raise EvalError(str(exc)) from None
-    if result.type() == _ERROR:
-        raise EvalError(_STATUS.sub("", str(result.plain_value())))
-    return to_json(result.plain_value())
+    t = type(value)
+    if t is bool or t is int or t is float or value is None:  # the common results: no error is one of these
+        return value
+    if t is str:  # an error's plain value is its message: ask the type only here
+        if result.type() == _ERROR:
+            raise EvalError(_STATUS.sub("", value))
+        return value
+    return to_json(value)
 
 
 def to_json(value: Any) -> Any:

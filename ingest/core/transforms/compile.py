@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from ingest.core.transforms import steps as S
-from ingest.core.transforms.cel import CompileError, EvalError, compile_expression
+from ingest.core.transforms.cel import (
+    CompileError,
+    EvalError,
+    compile_expression,
+    empty_activation,
+    evaluate,
+    variables_read,
+)
 from ingest.core.transforms.timestamps import TimestampError, parser
 from ingest.errors import ConfigError, Filtered, InvalidRecord
 from ingest.types import Record
@@ -28,10 +35,12 @@ class Transformer:
     thread-safe; the per-record state lives in a :class:`~.steps.Context`).
     """
 
-    __slots__ = ("steps",)
+    __slots__ = ("steps", "_names")
 
-    def __init__(self, steps: Sequence[S.Step]) -> None:
+    def __init__(self, steps: Sequence[S.Step], expressions: Sequence[str] = ()) -> None:
+        """``expressions``: the CEL texts of the steps (which metadata variables to build)."""
         self.steps = tuple(steps)
+        self._names = variables_read(list(expressions)) - {"value"}
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -48,7 +57,7 @@ class Transformer:
         if type(doc) is not dict:
             raise InvalidRecord("transform", "transform_error",
                                 f"transforms need the record value to be an object, got {type(doc).__name__}")
-        ctx = S.Context(record)
+        ctx = S.Context(record, self._names)
         step: S.Step | None = None
         try:
             for step in self.steps:
@@ -100,8 +109,17 @@ def compile_transforms(steps: Sequence[Any], where: str) -> Transformer | None:
         if kind == "filter":
             compiled.append(S.FilterStep(index, label, when, program("filter", step.filter, predicate=True)))
         elif kind == "set":
-            compiled.append(S.SetStep(index, label, when,
-                                      [(field, program(f"set.{field}", text)) for field, text in step.set.items()]))
+            fields, constants = [], {}
+            for field, text in step.set.items():
+                compiled_program = program(f"set.{field}", text)
+                if variables_read([text]):
+                    fields.append((field, compiled_program))
+                    continue
+                try:  # reads no variable: the same for every record, so evaluated once, here
+                    constants[field] = evaluate(compiled_program, empty_activation())
+                except EvalError as exc:
+                    raise ConfigError(f"{path}.set.{field}: fails for every record: {exc}") from None
+            compiled.append(S.SetStep(index, label, when, fields, constants))
         elif kind == "drop":
             compiled.append(S.DropStep(index, label, when, list(step.drop)))
         elif kind == "rename":
@@ -115,7 +133,7 @@ def compile_transforms(steps: Sequence[Any], where: str) -> Transformer | None:
                                             parser(t.format, t.pattern, t.timezone)))
         else:  # pragma: no cover - the settings allow no other kind
             raise ConfigError(f"{path}: unknown step kind {kind!r}")
-    return Transformer(compiled)
+    return Transformer(compiled, [text for step in steps for _, text in step.expressions()])
 
 
 def check_transforms(pipelines: Sequence[Any]) -> None:

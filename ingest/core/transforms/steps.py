@@ -25,17 +25,19 @@ class StepError(Exception):
 class Context:
     """One record's evaluation context: the CEL variables, built once per value the steps see."""
 
-    __slots__ = ("record", "_doc", "_variables")
+    __slots__ = ("record", "_names", "_doc", "_variables")
 
-    def __init__(self, record: Record) -> None:
+    def __init__(self, record: Record, names: frozenset[str]) -> None:
+        """``names``: the variables the pipeline's expressions read (:func:`~.cel.variables_read`)."""
         self.record = record
+        self._names = names
         self._doc: Any = None
         self._variables: Any = None
 
     def variables(self, doc: dict[str, Any]) -> Any:
         """The CEL variables with ``value`` = ``doc`` (rebuilt only when a step made a new value)."""
         if self._variables is None or self._doc is not doc:
-            self._variables = activation(self.record, doc)
+            self._variables = activation(self.record, doc, self._names)
             self._doc = doc
         return self._variables
 
@@ -80,22 +82,28 @@ class FilterStep(Step):
 
 
 class SetStep(Step):
-    """Sets fields to computed values; every expression reads the value as it was before this step."""
+    """Sets fields to computed values; every expression reads the value as it was before this step.
+    ``constants``: fields whose expressions read no variable, evaluated once when compiled."""
 
-    __slots__ = ("fields",)
+    __slots__ = ("fields", "constants")
 
-    def __init__(self, index: int, label: str, when: Program | None, fields: list[tuple[str, Program]]) -> None:
+    def __init__(self, index: int, label: str, when: Program | None, fields: list[tuple[str, Program]],
+                 constants: dict[str, Any] | None = None) -> None:
         super().__init__(index, label, "set", when)
         self.fields = fields
+        self.constants = constants or {}
 
     def apply(self, doc: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        variables = ctx.variables(doc)
         out = dict(doc)
-        for field, program in self.fields:
-            try:
-                out[field] = evaluate(program, variables)
-            except EvalError as exc:
-                raise StepError(f"set.{field}: {exc}") from None
+        if self.fields:
+            variables = ctx.variables(doc)
+            for field, program in self.fields:
+                try:
+                    out[field] = evaluate(program, variables)
+                except EvalError as exc:
+                    raise StepError(f"set.{field}: {exc}") from None
+        if self.constants:
+            out.update(self.constants)
         return out
 
 
