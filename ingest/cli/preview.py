@@ -8,8 +8,19 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ingest.cli.app import EXIT_CONFIG, ConfigOpt, LogLevelOpt, OnePipelineOpt, app, fail, load, one, setup_logs
-from ingest.errors import ConfigError
+from ingest.cli.app import (
+    EXIT_CONFIG,
+    EXIT_UNREACHABLE,
+    ConfigOpt,
+    LogLevelOpt,
+    OnePipelineOpt,
+    app,
+    fail,
+    load,
+    one,
+    setup_logs,
+)
+from ingest.errors import ConfigError, ServiceUnreachable
 
 
 @app.command()
@@ -19,6 +30,11 @@ def preview(
     from_file: Annotated[Optional[Path], typer.Option(
         "--from-file", help="JSONL sample: one record value per line (or, with --metadata, one record object).",
         exists=True, dir_okay=False)] = None,
+    from_topic: Annotated[bool, typer.Option(
+        "--from-topic", help="Read the first --limit records (default 20) of the pipeline's topics: no group "
+        "joined, nothing committed.")] = False,
+    timeout_s: Annotated[float, typer.Option("--timeout", help="--from-topic: stop reading after this many "
+                                             "seconds.")] = 10.0,
     metadata: Annotated[bool, typer.Option(
         "--metadata", help="Each line is {value, key, topic, partition, offset, timestamp, headers}.")] = False,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="At most this many records.")] = None,
@@ -28,23 +44,31 @@ def preview(
     """Run decode, transforms and mapping on sample records and print the row each would give, the
     records filtered and the errors (as the DLQ would get them). Writes and commits nothing.
 
-    Exit 0 (whatever the records gave), 2 for an invalid config or usage.
+    Exit 0 (whatever the records gave), 2 for an invalid config or usage, 3 when --from-topic cannot
+    reach the broker or the topic.
     """
     setup_logs(log_level)
     settings = load(config)
     p = one(settings, pipeline)
-    if from_file is None:
-        raise fail(EXIT_CONFIG, "give the sample records: --from-file FILE.jsonl (reading a topic is not there yet)")
+    if (from_file is None) == (not from_topic):
+        raise fail(EXIT_CONFIG, "give the sample records: --from-file FILE.jsonl or --from-topic (one of them)")
     if output not in ("table", "json"):
         raise fail(EXIT_CONFIG, "--format must be table or json")
     from ingest.preview import preview as run_preview
     from ingest.preview import records_from_jsonl
 
     try:
-        report = run_preview(settings, p, records_from_jsonl(from_file, topic=p.topics[0], metadata=metadata,
-                                                            limit=limit))
+        if from_file is not None:
+            records: Any = records_from_jsonl(from_file, topic=p.topics[0], metadata=metadata, limit=limit)
+        else:
+            from ingest.sources.kafka_probe import sample_records
+
+            records = sample_records(settings.kafka, list(p.topics), limit or 20, timeout_s)
+        report = run_preview(settings, p, records)
     except ConfigError as exc:
         raise fail(EXIT_CONFIG, str(exc)) from None
+    except ServiceUnreachable as exc:
+        raise fail(EXIT_UNREACHABLE, f"unreachable: {exc}") from None
     import orjson
 
     if output == "json":

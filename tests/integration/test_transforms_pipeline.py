@@ -133,3 +133,30 @@ def test_filter_set_and_transform_errors_then_replay_after_the_fix(kafka_bootstr
     ok(res)
     assert rows(pg_dsn) == {i: expected_row(i) for i in good | poison}
     assert len(dlq_rows(pg_dsn)) == len(poison)
+
+
+def test_preview_from_the_topic_writes_and_commits_nothing(kafka_bootstrap, pg_dsn, new_topic, group_id,
+                                                           tmp_path: Path) -> None:
+    from harness.kafka import committed_offsets
+
+    topic = new_topic(2)
+    docs = [order(i) for i in range(20)]
+    produce(kafka_bootstrap, topic, [(str(d["order_id"]).encode(), json.dumps(d).encode()) for d in docs])
+    path = write_config(tmp_path, config(kafka_bootstrap, topic, group_id, pg_dsn, "int(value.amount * 100.0)"))
+    res = run_ingest(["preview", "--config", path, "--pipeline", PIPELINE, "--from-topic", "--limit", "50",
+                      "--format", "json"], timeout_s=60, log_dir=tmp_path)
+    ok(res)
+    out = json.loads(res.stdout)
+    kept = [r["row"]["order_id"] for r in out["tables"][TABLE]]
+    assert sorted(kept) == sorted(i for i in range(20) if i % 5 and i % 17 != 3)
+    assert len(out["filtered"]) == 4 and {f["step"] for f in out["filtered"]} == {"no-test"}  # orders 0, 5, 10, 15
+    assert [e["error_class"] for e in out["errors"]] == ["transform_error"]  # order 3
+    assert committed_offsets(kafka_bootstrap, group_id, topic) == {}
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # nothing written: not even the table exists
+        assert conn.execute("SELECT to_regclass(%s)", (TABLE,)).fetchone()[0] is None
+    res = run_ingest(["preview", "--config", path, "--pipeline", PIPELINE, "--from-topic", "--limit", "3"],
+                     timeout_s=60, log_dir=tmp_path)
+    ok(res)
+    last = res.stdout.strip().splitlines()[-1]  # "R rows for orders_t, F filtered, E errors, S without a row"
+    counts = [int(word) for word in last.replace(",", "").split() if word.isdigit()]
+    assert len(counts) == 4 and sum(counts) == 3, last
