@@ -37,21 +37,21 @@ def order(i: int) -> dict[str, Any]:
     return doc
 
 
-def transforms(amount: str) -> list[dict[str, Any]]:
+def transforms(amount: str, drop_order: int = -1) -> list[dict[str, Any]]:
     return [
-        {"filter": "value.tenant != 'test'", "name": "no-test"},
+        {"filter": f"value.tenant != 'test' && value.order_id != {drop_order}", "name": "no-test"},
         {"set": {"amount_cents": amount, "source": "'shop'"}},
         {"flatten": {"fields": ["meta"]}},
         {"timestamp": {"field": "ms", "format": "epoch_ms", "into": "at"}},
     ]
 
 
-def config(bootstrap: str, topic: str, group: str, dsn: str, amount: str) -> dict[str, Any]:
+def config(bootstrap: str, topic: str, group: str, dsn: str, amount: str, drop_order: int = -1) -> dict[str, Any]:
     return {
         "kafka": {"bootstrap_servers": bootstrap, "client": dict(TEST_CONSUMER_SETTINGS)},
         "pipelines": [{
             "name": PIPELINE, "topics": [topic], "group_id": group, "commit_interval_ms": 200,
-            "shutdown_timeout_s": 10, "transforms": transforms(amount),
+            "shutdown_timeout_s": 10, "transforms": transforms(amount, drop_order),
             "sink": {"kind": "postgres", "dsn": dsn, "table": TABLE, "conflict_key": ["order_id"], "columns": {
                 "order_id": {"type": "bigint", "required": True},
                 "tenant": {"type": "text"},
@@ -122,16 +122,21 @@ def test_filter_set_and_transform_errors_then_replay_after_the_fix(kafka_bootstr
     assert res.returncode == 2
     assert "pipelines[0].transforms[1].set.amount_cents: does not compile at line 1, column 20" in res.stderr
 
-    # Fix the expression (amounts as text too) and replay: the DLQ's records go through the current
-    # transforms and are written once.
+    # Fix the expression (amounts as text too), and filter one of the poison orders out, then replay:
+    # the DLQ's records go through the current transforms and are written once; the one the filter
+    # now drops is resolved without a row.
+    dropped = min(poison)
     fixed = write_config(tmp_path, config(kafka_bootstrap, topic, group_id, pg_dsn,
-                                          "int(double(value.amount) * 100.0)"), name="fixed.yaml")
-    ok(run_ingest(["replay-dlq", "--config", fixed, "--pipeline", PIPELINE], timeout_s=120, log_dir=tmp_path))
-    assert rows(pg_dsn) == {i: expected_row(i) for i in good | poison}
+                                          "int(double(value.amount) * 100.0)", drop_order=dropped), name="fixed.yaml")
+    res = run_ingest(["replay-dlq", "--config", fixed, "--pipeline", PIPELINE], timeout_s=120, log_dir=tmp_path)
+    ok(res)
+    assert f"replayed {len(poison)}, still failing 0" in res.stdout and "filtered 1 " in res.stdout, res.stdout
+    assert rows(pg_dsn) == {i: expected_row(i) for i in good | poison - {dropped}}
     assert {d["status"] for d in dlq_rows(pg_dsn)} == {"replayed"}
     res = run_ingest(["replay-dlq", "--config", fixed, "--pipeline", PIPELINE], timeout_s=120, log_dir=tmp_path)
     ok(res)
-    assert rows(pg_dsn) == {i: expected_row(i) for i in good | poison}
+    assert "replayed 0," in res.stdout, res.stdout
+    assert rows(pg_dsn) == {i: expected_row(i) for i in good | poison - {dropped}}
     assert len(dlq_rows(pg_dsn)) == len(poison)
 
 
