@@ -165,3 +165,24 @@ def test_preview_from_the_topic_writes_and_commits_nothing(kafka_bootstrap, pg_d
     last = res.stdout.strip().splitlines()[-1]  # "R rows for orders_t, F filtered, E errors, S without a row"
     counts = [int(word) for word in last.replace(",", "").split() if word.isdigit()]
     assert len(counts) == 4 and sum(counts) == 3, last
+
+
+def test_check_refuses_a_transform_reading_a_field_the_declared_schema_lacks(kafka_bootstrap, pg_dsn, new_topic,
+                                                                             group_id, tmp_path: Path) -> None:
+    avsc = tmp_path / "order.avsc"
+    avsc.write_text(json.dumps({"type": "record", "name": "Order", "fields": [
+        {"name": "order_id", "type": "long"}, {"name": "tenant", "type": "string"},
+        {"name": "amount", "type": "double"}, {"name": "ms", "type": "long"},
+        {"name": "meta", "type": {"type": "record", "name": "Meta", "fields": [{"name": "src", "type": "string"}]}},
+    ]}))
+    topic = new_topic(1)
+    good = config(kafka_bootstrap, topic, group_id, pg_dsn, "int(value.amount * 100.0)")
+    good["pipelines"][0].update(format="avro", avro_schema=str(avsc))
+    res = run_ingest(["check", "--config", write_config(tmp_path, good)], timeout_s=60, log_dir=tmp_path)
+    ok(res)
+    bad = config(kafka_bootstrap, topic, group_id, pg_dsn, "int(value.amount * 100.0) + value.nosuch")
+    bad["pipelines"][0].update(format="avro", avro_schema=str(avsc))
+    res = run_ingest(["check", "--config", write_config(tmp_path, bad, name="bad.yaml")], timeout_s=60,
+                     log_dir=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "pipelines[0].transforms[1].set.amount_cents: reads value.nosuch (line 1, column 29)" in res.stderr

@@ -481,3 +481,59 @@ def test_constant_expressions_are_evaluated_once_and_one_that_always_fails_is_re
 def test_only_the_metadata_expressions_read_is_built_and_a_name_in_a_literal_is_harmless() -> None:
     t = transformer({"set": {"a": "'headers and key' + value.s", "b": "string(offset)"}})
     assert t.apply(rec({}, offset=9), {"s": "!"}) == {"s": "!", "a": "headers and key!", "b": "9"}
+
+
+# --------------------------------------------------------------------------- against a declared schema
+AVSC = {"type": "record", "name": "Order", "fields": [
+    {"name": "order_id", "type": "long"}, {"name": "tenant", "type": "string"},
+    {"name": "amount", "type": "double"}, {"name": "ts", "type": "string"},
+    {"name": "customer", "type": {"type": "record", "name": "Customer", "fields": [{"name": "id", "type": "long"}]}},
+]}
+
+
+def schema_report(tmp_path: Path, transforms: list[dict[str, Any]], columns: dict[str, Any]):
+    from ingest.formats.check import check_schemas
+    from ingest.formats.registry import build_decoder
+
+    avsc = tmp_path / "order.avsc"
+    avsc.write_text(orjson.dumps(AVSC).decode())
+    p = PipelineSettings.model_validate({
+        "name": "p", "topics": ["orders"], "format": "avro", "avro_schema": str(avsc), "transforms": transforms,
+        "sink": {"table": "t", "conflict_key": ["id"], "columns": columns}})
+    return check_schemas(p, build_decoder(p, None), None, "pipelines[0].transforms")
+
+
+def test_check_refuses_an_expression_reading_a_field_the_schema_lacks(tmp_path: Path) -> None:
+    report = schema_report(tmp_path, [
+        {"filter": "value.tenant != 'test' && has(value.maybe)"},
+        {"set": {"amount_cents": "int(value.amount * 100.0)", "x": "value.customer.id + value.nosuch",
+                 "day": "timestamp(value.ts).getDate()"}},
+        {"set": {"y": "value.amount_cents + 1"}},  # produced by the step before: not looked up
+        {"drop": ["tenant"]},
+        {"filter": "value.tenant != ''", "when": "value.customer.nope > 0"},
+        {"flatten": {}},
+        {"set": {"z": "value.anything"}},  # after a flatten: not traced
+    ], {"id": {"type": "bigint", "source": "$.order_id"}, "amount_cents": {"type": "bigint"}})
+    tail = ": every record reaching it would be dead-lettered"
+    assert report.problems == [
+        "pipeline p: pipelines[0].transforms[1].set.x: reads value.nosuch (line 1, column 21), a field the "
+        "avro_schema order.avsc lacks" + tail,
+        "pipeline p: pipelines[0].transforms[4].when: reads value.customer.nope (line 1, column 1), a field the "
+        "avro_schema order.avsc lacks" + tail,
+        "pipeline p: pipelines[0].transforms[4].filter: reads value.tenant (line 1, column 1), which an earlier "
+        "step dropped" + tail,
+    ]
+
+
+def test_check_traces_columns_through_rename_set_and_drop(tmp_path: Path) -> None:
+    report = schema_report(tmp_path, [{"rename": {"order_id": "id"}}, {"set": {"cents": "1"}},
+                                      {"drop": ["tenant"]}],
+                           {"id": {"type": "bigint", "required": True},  # renamed: order_id is in the schema
+                            "cents": {"type": "bigint", "required": True},  # produced
+                            "tenant": {"type": "text", "required": True},  # dropped: always missing
+                            "gone": {"type": "text"}})  # not in the schema: a warning, as without transforms
+    assert len(report.problems) == 1 and "column tenant (source $.tenant) is dropped by the transforms" \
+        in report.problems[0]
+    assert len(report.warnings) == 1 and "column gone" in report.warnings[0]
+    clean = schema_report(tmp_path, [], {"id": {"type": "bigint", "source": "$.order_id", "required": True}})
+    assert clean.problems == [] and clean.warnings == []
