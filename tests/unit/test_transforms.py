@@ -537,3 +537,34 @@ def test_check_traces_columns_through_rename_set_and_drop(tmp_path: Path) -> Non
     assert len(report.warnings) == 1 and "column gone" in report.warnings[0]
     clean = schema_report(tmp_path, [], {"id": {"type": "bigint", "source": "$.order_id", "required": True}})
     assert clean.problems == [] and clean.warnings == []
+
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1), st.floats(allow_nan=False, allow_infinity=False),
+              st.text(max_size=8)),
+    lambda children: st.one_of(st.lists(children, max_size=3),
+                               st.dictionaries(st.sampled_from(["id", "amount", "tenant", "ts", "a", "b", "a_b"]),
+                                               children, max_size=4)),
+    max_leaves=15)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_any_json_value_is_mapped_filtered_or_dead_lettered_never_a_crash(value: Any) -> None:
+    m = mapper_for(pipeline([
+        {"filter": "!has(value.tenant) || value.tenant != 'test'"},
+        {"set": {"amount_cents": "int(value.amount * 100.0)"}, "when": "has(value.amount)"},
+        {"flatten": {}},
+        {"rename": {"a_b": "ab"}},
+        {"timestamp": {"field": "ts", "format": "iso8601", "into": "at"}, "when": "has(value.ts)"},
+        {"set": {"id": "has(value.id) ? value.id : 0"}},
+        {"drop": ["b"]},
+    ]))
+    try:
+        row, _ = m.map(Record("orders", 0, 1, None, orjson.dumps(value), None))  # JSON null too: not a tombstone
+    except Filtered as exc:
+        assert exc.step == "0-filter"
+    except InvalidRecord as exc:
+        assert exc.stage in ("transform", "map") and exc.message
+    else:
+        assert len(row) == len(m.column_names)
