@@ -104,9 +104,11 @@ class ChangeMapper:
 
     def __init__(self, settings: PipelineSettings, *, decoder: Decoder | None = None,
                  key_decoder: Decoder | None = None, transformer: Transformer | None = None) -> None:
-        """``transformer``: the pipeline's transforms, applied to a change event's row images (the
-        ``after`` image of an upsert, the ``before`` image of a delete) and to plain records' values;
-        a tombstone or a delete keyed by the record key is not transformed."""
+        """``transformer``: the pipeline's transforms, applied to an upsert's ``after`` image and to plain
+        records' values; a delete's ``before`` image goes through the steps that move fields only
+        (rename, flatten, drop: with ``REPLICA IDENTITY DEFAULT`` it holds the key alone, so a filter
+        or a computed field would fail or drop every delete); a tombstone or a delete keyed by the
+        record key is not transformed."""
         sink = settings.sink
         self._transformer = transformer
         columns = {name: (spec.model_copy(update={"source": "$." + spec.source})
@@ -182,7 +184,7 @@ class ChangeMapper:
         if op == "d":
             if change.before is not None:
                 image = (change.before if self._transformer is None
-                         else self._transformer.apply(record, change.before))
+                         else self._transformer.apply(record, change.before, shape_only=True))
             else:
                 image = self._key_document(record)
             if self._wants_source and type(image) is dict:

@@ -186,3 +186,69 @@ def test_check_refuses_a_transform_reading_a_field_the_declared_schema_lacks(kaf
                      log_dir=tmp_path)
     assert res.returncode == 2, res.stderr
     assert "pipelines[0].transforms[1].set.amount_cents: reads value.nosuch (line 1, column 29)" in res.stderr
+
+
+def test_change_events_transformed_filtered_deleted_and_dead_lettered(kafka_bootstrap, pg_dsn, new_topic, group_id,
+                                                                      tmp_path: Path) -> None:
+    """``envelope: debezium`` (the JSON converter with its schema part): the transforms apply to the
+    ``after`` image; a filtered update leaves the row as it was; a delete whose ``before`` image holds
+    the key alone (REPLICA IDENTITY DEFAULT) still deletes through a rename; an image a step fails on
+    is dead-lettered; the group ends at the log end."""
+    from harness.debezium import Field, encode_event, encode_key
+
+    fields = (Field("id", "int64"), Field("name", "string"), Field("status", "string"), Field("amount", "float64"),
+              Field("qty", "int32"))
+    key_fields = (Field("id", "int64"),)
+    records: list[tuple[bytes, bytes | None]] = []
+
+    def event(op: str, i: int, lsn: int, *, status: str = "ok", amount: float | None = 2.5) -> None:
+        key = encode_key({"id": i}, fields=key_fields, schemas=True)
+        if op == "d":
+            before = {"id": i, "name": None, "status": None, "amount": None, "qty": None}
+            records.append((key, encode_event("d", before, None, fields=fields, lsn=lsn, ts_ms=lsn, schemas=True)))
+            records.append((key, None))  # the tombstone Debezium sends after a delete
+            return
+        after = {"id": i, "name": f"item {i}", "status": status, "amount": amount, "qty": lsn}
+        records.append((key, encode_event(op, None, after, fields=fields, lsn=lsn, ts_ms=lsn, schemas=True)))
+
+    event("c", 1, 10)
+    event("c", 2, 11)
+    event("u", 1, 12, status="draft")  # filtered: row 1 stays as of lsn 10 ...
+    event("u", 2, 13)
+    event("d", 2, 14)                  # ... row 2 is deleted through the rename
+    event("c", 3, 15, status="draft")  # filtered: never a row
+    event("c", 4, 16, amount=None)     # the set step fails: dead-lettered
+    event("c", 5, 17)
+    topic = new_topic(1)
+    assert produce(kafka_bootstrap, topic, records) == len(records)
+
+    cfg = {
+        "kafka": {"bootstrap_servers": kafka_bootstrap, "client": dict(TEST_CONSUMER_SETTINGS)},
+        "pipelines": [{
+            "name": "cdc", "topics": [topic], "group_id": group_id, "commit_interval_ms": 200, "envelope": "debezium",
+            "transforms": [
+                {"filter": "value.status != 'draft'", "name": "no-drafts"},
+                {"set": {"amount_cents": "int(value.amount * 100.0)",
+                         "label": "value.name + ' x' + string(value.qty)"}},
+                {"rename": {"id": "item_id"}},
+            ],
+            "sink": {"kind": "postgres", "dsn": pg_dsn, "table": "items_t", "conflict_key": ["item_id"],
+                     "version_column": "lsn", "columns": {
+                         "item_id": {"type": "bigint", "required": True}, "amount_cents": {"type": "bigint"},
+                         "label": {"type": "text"}, "lsn": {"type": "bigint", "source": "@source.lsn"}}},
+        }],
+    }
+    path = write_config(tmp_path, cfg)
+    ok(run_ingest(["migrate", "--config", path], timeout_s=60, log_dir=tmp_path))
+    summary_path = tmp_path / "summary.json"
+    ok(run_ingest(["run", "--config", path, "--until-idle", "3", "--metrics-port", "0", "--summary-json",
+                   summary_path], timeout_s=150, log_dir=tmp_path))
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        got = {r[0]: r[1:] for r in conn.execute("SELECT item_id, amount_cents, label, lsn FROM items_t")}
+    assert got == {1: (250, "item 1 x10", 10), 5: (250, "item 5 x17", 17)}
+    dead = dlq_rows(pg_dsn)
+    assert [(d["stage"], d["error_class"], d["offset"]) for d in dead] == [("transform", "transform_error", 7)]  # c4
+    assert dead[0]["error_message"].startswith("transforms[1] (1-set): set.amount_cents: ")
+    stats = read_summary(summary_path)["pipelines"]["cdc"]
+    assert stats["filtered_by_step"] == {"no-drafts": 2} and stats["rows_deleted"] == 1
+    assert sum(assert_committed_at_log_end(kafka_bootstrap, group_id, topic).values()) == len(records)

@@ -46,8 +46,10 @@ class Transformer:
     def labels(self) -> tuple[str, ...]:
         return tuple(step.label for step in self.steps)
 
-    def apply(self, record: Record, doc: Any) -> dict[str, Any]:
-        """The record's value after every step (``doc`` itself is never changed).
+    def apply(self, record: Record, doc: Any, *, shape_only: bool = False) -> dict[str, Any]:
+        """The record's value after every step (``doc`` itself is never changed). ``shape_only``: only
+        the steps that move fields (``rename``, ``flatten``, ``drop``), for a delete's ``before`` image,
+        which often holds the key alone: its key columns are found where the upserts' are.
 
         Raises :class:`~ingest.errors.Filtered` (carrying the filter's label) for a record a filter
         drops, and :class:`~ingest.errors.InvalidRecord` (stage ``transform``, class
@@ -61,6 +63,8 @@ class Transformer:
         step: S.Step | None = None
         try:
             for step in self.steps:
+                if shape_only and step.kind in _VALUE_STEPS:
+                    continue
                 when = step.when
                 if when is not None:
                     try:
@@ -78,6 +82,10 @@ class Transformer:
             raise InvalidRecord("transform", "transform_error",
                                 _where(step) + f"internal error {type(exc).__name__}: {exc}"[:300]) from None
         return doc
+
+
+#: the steps a delete's ``before`` image skips (see :meth:`Transformer.apply`)
+_VALUE_STEPS = frozenset(("filter", "set", "timestamp"))
 
 
 def _where(step: S.Step | None) -> str:
