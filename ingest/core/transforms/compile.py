@@ -9,6 +9,7 @@ position, e.g. ``pipelines[0].transforms[2].set.amount_cents: does not compile a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -92,6 +93,18 @@ def _where(step: S.Step | None) -> str:
     return "" if step is None else f"transforms[{step.index}] ({step.label}): "
 
 
+def _fused(texts: dict[str, str], fields: list[tuple[str, Any]]) -> Any:
+    """One program computing every field of ``fields`` as a CEL map (None for fewer than two)."""
+    if len(fields) < 2:
+        return None
+    # each expression on its own line: a // comment in one ends with it
+    entries = ", ".join(f"{json.dumps(field)}: ({texts[field]}\n)" for field, _ in fields)
+    try:
+        return compile_expression("{" + entries + "}")
+    except CompileError:  # pragma: no cover - each part compiled alone; then evaluated one by one
+        return None
+
+
 def compile_transforms(steps: Sequence[Any], where: str) -> Transformer | None:
     """The :class:`Transformer` of ``steps`` (:class:`ingest.config.transforms.TransformStep`), None
     when there are none. ``where``: the config path of the list (``pipelines[0].transforms``).
@@ -127,7 +140,7 @@ def compile_transforms(steps: Sequence[Any], where: str) -> Transformer | None:
                     constants[field] = evaluate(compiled_program, empty_activation())
                 except EvalError as exc:
                     raise ConfigError(f"{path}.set.{field}: fails for every record: {exc}") from None
-            compiled.append(S.SetStep(index, label, when, fields, constants))
+            compiled.append(S.SetStep(index, label, when, fields, constants, _fused(step.set, fields)))
         elif kind == "drop":
             compiled.append(S.DropStep(index, label, when, list(step.drop)))
         elif kind == "rename":

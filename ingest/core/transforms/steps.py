@@ -83,25 +83,37 @@ class FilterStep(Step):
 
 class SetStep(Step):
     """Sets fields to computed values; every expression reads the value as it was before this step.
-    ``constants``: fields whose expressions read no variable, evaluated once when compiled."""
+    ``constants``: fields whose expressions read no variable, evaluated once when compiled.
+    ``fused``: one program giving every computed field as a map (one evaluation per record instead of
+    one per field); when it fails, the fields are evaluated one by one to name the one that fails."""
 
-    __slots__ = ("fields", "constants")
+    __slots__ = ("fields", "constants", "fused")
 
     def __init__(self, index: int, label: str, when: Program | None, fields: list[tuple[str, Program]],
-                 constants: dict[str, Any] | None = None) -> None:
+                 constants: dict[str, Any] | None = None, fused: Program | None = None) -> None:
         super().__init__(index, label, "set", when)
         self.fields = fields
         self.constants = constants or {}
+        self.fused = fused
 
     def apply(self, doc: dict[str, Any], ctx: Context) -> dict[str, Any]:
         out = dict(doc)
         if self.fields:
             variables = ctx.variables(doc)
-            for field, program in self.fields:
+            computed = None
+            if self.fused is not None:
                 try:
-                    out[field] = evaluate(program, variables)
-                except EvalError as exc:
-                    raise StepError(f"set.{field}: {exc}") from None
+                    computed = evaluate(self.fused, variables)
+                except EvalError:
+                    computed = None  # evaluated one by one below: the failing field is named
+            if type(computed) is dict:
+                out.update(computed)
+            else:
+                for field, program in self.fields:
+                    try:
+                        out[field] = evaluate(program, variables)
+                    except EvalError as exc:
+                        raise StepError(f"set.{field}: {exc}") from None
         if self.constants:
             out.update(self.constants)
         return out
