@@ -45,6 +45,22 @@ def check_schemas(pipeline: Any, decoder: Any, key_decoder: Any = None, where: s
     return report
 
 
+def file_schema_problems(pipeline: Any, decoder: Any, where: str) -> list[str]:
+    """The transforms' problems against a schema the pipeline declares in a file (``avro_schema``):
+    checked at start-up too, since it needs no registry (empty for every other decoder)."""
+    if decoder is None or getattr(decoder, "store", None) is not None or not hasattr(decoder, "file_schema"):
+        return []
+    format_has_path = getattr(decoder, "has_path", None)
+    if format_has_path is None:
+        return []
+    report = SchemaReport()
+    image = ((True, "after"),) if getattr(pipeline, "envelope", "none") == "debezium" else ()
+    schema = decoder.file_schema
+    _transforms(pipeline, "$", lambda steps: bool(format_has_path(schema, (*image, *steps))),
+                decoder.describe(None), report, where)
+    return report.problems
+
+
 def _check(pipeline: Any, decoder: Any, subjects: list[str], prefix: str, report: SchemaReport,
            where: str = "transforms") -> None:
     """Each subject's latest schema, and the columns whose sources (starting with ``prefix``) it lacks."""

@@ -167,8 +167,8 @@ def test_preview_from_the_topic_writes_and_commits_nothing(kafka_bootstrap, pg_d
     assert len(counts) == 4 and sum(counts) == 3, last
 
 
-def test_check_refuses_a_transform_reading_a_field_the_declared_schema_lacks(kafka_bootstrap, pg_dsn, new_topic,
-                                                                             group_id, tmp_path: Path) -> None:
+def test_check_and_start_up_refuse_a_transform_reading_a_field_the_declared_schema_lacks(
+        kafka_bootstrap, pg_dsn, new_topic, group_id, tmp_path: Path) -> None:
     avsc = tmp_path / "order.avsc"
     avsc.write_text(json.dumps({"type": "record", "name": "Order", "fields": [
         {"name": "order_id", "type": "long"}, {"name": "tenant", "type": "string"},
@@ -182,7 +182,12 @@ def test_check_refuses_a_transform_reading_a_field_the_declared_schema_lacks(kaf
     ok(res)
     bad = config(kafka_bootstrap, topic, group_id, pg_dsn, "int(value.amount * 100.0) + value.nosuch")
     bad["pipelines"][0].update(format="avro", avro_schema=str(avsc))
-    res = run_ingest(["check", "--config", write_config(tmp_path, bad, name="bad.yaml")], timeout_s=60,
+    bad_path = write_config(tmp_path, bad, name="bad.yaml")
+    res = run_ingest(["check", "--config", bad_path], timeout_s=60, log_dir=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "pipelines[0].transforms[1].set.amount_cents: reads value.nosuch (line 1, column 29)" in res.stderr
+    # The schema is in a file: start-up refuses it too, before reaching any service.
+    res = run_ingest(["run", "--config", bad_path, "--until-idle", "1", "--metrics-port", "0"], timeout_s=60,
                      log_dir=tmp_path)
     assert res.returncode == 2, res.stderr
     assert "pipelines[0].transforms[1].set.amount_cents: reads value.nosuch (line 1, column 29)" in res.stderr
