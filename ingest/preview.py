@@ -9,11 +9,13 @@ decoders fetch schemas). The tests run the same engine.
 :func:`records_from_jsonl` reads sample records from a JSONL file: by default each line is a record
 value (its bytes, as they would arrive); with ``metadata=True`` each line is an object
 ``{"value": ..., "key": ..., "topic": ..., "partition": ..., "offset": ..., "timestamp": ...,
-"headers": {...}}`` (``value`` any JSON, or ``value_text`` for bytes given as text).
+"headers": {...}}`` (``value`` any JSON, ``value_text`` for bytes given as text, or ``value_base64``
+for exact bytes, e.g. Avro in the wire format).
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,7 +109,12 @@ def _record(line: bytes, topic: str, n: int, where: str) -> Record:
         raise ConfigError(f"{where}: not JSON: {exc}") from None
     if type(doc) is not dict:
         raise ConfigError(f"{where}: with --metadata each line is an object with value, key, topic, ...")
-    if "value_text" in doc:
+    if "value_base64" in doc:  # the exact bytes: a typed format's wire format, or anything not text
+        try:
+            value = None if doc["value_base64"] is None else base64.b64decode(doc["value_base64"], validate=True)
+        except (ValueError, TypeError):
+            raise ConfigError(f"{where}: value_base64 is not base64") from None
+    elif "value_text" in doc:
         value = None if doc["value_text"] is None else str(doc["value_text"]).encode()
     else:
         value = None if doc.get("value") is None else orjson.dumps(doc["value"])

@@ -45,6 +45,9 @@ def check(config: ConfigOpt = None, log_level: LogLevelOpt = "warning") -> None:
                 sink.close()
             described = registry.backend(p.sink.kind).describe(p.sink)
             typer.echo(f"ok   pipeline {p.name}: sink {p.sink.kind} {described}")
+            if p.transforms:  # compiled when the file was loaded
+                typer.echo(f"ok   pipeline {p.name}: {len(p.transforms)} transforms compiled "
+                           f"({', '.join(step.label(i) for i, step in enumerate(p.transforms))})")
             if p.dlq.uses_postgres_table:
                 check_dsn(dlq_dsn(p), f"postgres DLQ of pipeline {p.name!r}")
                 typer.echo(f"ok   pipeline {p.name}: DLQ postgres table {p.dlq.table}")

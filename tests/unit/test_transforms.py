@@ -611,3 +611,44 @@ def test_the_fused_set_gives_what_the_fields_give_one_by_one(doc: dict[str, Any]
 
     assert fused_t.steps[0].fused is not None
     assert outcome(fused_t) == outcome(plain_t)
+
+
+def test_preview_takes_exact_bytes_in_base64(tmp_path: Path) -> None:
+    import base64
+
+    sample = tmp_path / "s.jsonl"
+    raw = base64.b64encode(b'{"order_id": 4, "tenant": "a", "amount": 2.0, "ms": 0}').decode()
+    sample.write_text(f'{{"value_base64": "{raw}", "offset": 3}}\n{{"value_base64": "%%%"}}\n')
+    records = records_from_jsonl(sample, topic="orders", metadata=True)
+    assert next(records).value == b'{"order_id": 4, "tenant": "a", "amount": 2.0, "ms": 0}'
+    with pytest.raises(ConfigError, match="s.jsonl:2: value_base64 is not base64"):
+        next(records)
+
+
+@pytest.mark.parametrize(("text", "refs"), [
+    ("value.a + value.b.c", [("a",), ("b", "c")]),
+    ("has(value.x) ? value.x : 1", [("x",)]),  # the test is not a read; the read is
+    ("'value.z' + \"value.w\" + value.y", [("y",)]),  # string literals are not reads
+    ("x.value.q + value . r", [("r",)]),  # a field named value is not the variable
+    ("timestamp(value.ts).getDate() + value.items.all(i, i > 1)", [("ts",), ("items",)]),  # methods, macros
+    ("value['a'] + value.size()", []),  # index syntax is not followed; size() is a method of value
+])
+def test_the_fields_an_expression_reads(text: str, refs: list[tuple[str, ...]]) -> None:
+    from ingest.core.transforms.fields import references
+
+    assert [path for path, _, _ in references(text)] == refs
+
+
+def test_the_shape_follows_renames_drops_and_produced_fields() -> None:
+    from ingest.core.transforms.fields import column_origin
+
+    steps = [TransformStep.model_validate(s) for s in [
+        {"rename": {"a": "b"}}, {"rename": {"b": "c", "x": "a"}}, {"set": {"d": "1"}}, {"drop": ["e"]},
+        {"timestamp": {"field": "f", "format": "epoch_ms", "into": "g"}}, {"set": {"e": "2"}}]]
+    assert column_origin(steps, "c") == ("a",)  # a -> b -> c
+    assert column_origin(steps, "a") == ("x",)
+    assert column_origin(steps, "b") == "dropped"  # renamed away
+    assert column_origin(steps, "d") is None and column_origin(steps, "g") is None  # produced
+    assert column_origin(steps, "e") is None  # dropped, then set again
+    assert column_origin(steps, "f") == ("f",)
+    assert column_origin([*steps, TransformStep.model_validate({"flatten": {}})], "f") is None
