@@ -4,7 +4,8 @@
     ├── TransientError        retry with backoff; when retries run out, stop without committing
     ├── PermanentError        the data's fault: split the batch, dead-letter the rows that fail alone
     ├── UnclassifiedError     neither: stop without committing, at once (no retry, no bisection)
-    ├── InvalidRecord         a record that cannot be decoded or mapped: DLQ (stage decode / map)
+    ├── InvalidRecord         a record that cannot be decoded, transformed or mapped: DLQ (stage decode /
+    │                         transform / map)
     ├── ConfigError           bad configuration (CLI exit code 2)
     ├── ServiceUnreachable    a broker or database in the config does not answer (exit code 3)
     ├── MigrationError        the database refused migrate's DDL (exit code 1)
@@ -67,7 +68,8 @@ class UnclassifiedError(IngestError):
 
 
 class InvalidRecord(IngestError):
-    """A record that cannot be decoded (``stage='decode'``) or mapped (``stage='map'``)."""
+    """A record that cannot be decoded (``stage='decode'``), transformed (``stage='transform'``, class
+    ``transform_error``) or mapped (``stage='map'``)."""
 
     def __init__(self, stage: str, error_class: str, message: str) -> None:
         super().__init__(message)
@@ -80,6 +82,15 @@ class NoChange(Exception):
     """Raised by a change mapper for a record that is handled without writing anything: a truncate the
     pipeline ignores, a tombstone whose delete event (carrying the version) came before it. The
     record counts as done (skipped), never as a dead letter."""
+
+
+class Filtered(NoChange):
+    """Raised for a record a ``filter`` transform drops (ingest.core.transforms): done without a row,
+    its offset committed like any handled record, counted per step (``step``: the filter's label)."""
+
+    def __init__(self, step: str) -> None:
+        super().__init__(f"filtered by {step}")
+        self.step = step
 
 
 class ConfigError(IngestError):

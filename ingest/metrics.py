@@ -52,6 +52,9 @@ class Metrics:
                                     "Records fully handled (in the sink or the DLQ).", p, registry=r)
         self.dead_lettered = Counter("ingest_dead_lettered_total", "Records sent to the DLQ.",
                                      [*p, "stage", "error_class"], registry=r)
+        self.records_filtered = Counter("ingest_records_filtered_total",
+                                        "Records a filter transform dropped (handled: their offsets are committed).",
+                                        [*p, "step"], registry=r)
         self.batch_rows = Histogram("ingest_batch_rows", "Records per flushed batch.", p,
                                     buckets=_BATCH_ROWS_BUCKETS, registry=r)
         self.batch_bytes = Histogram("ingest_batch_bytes", "Payload bytes per flushed batch.", p,
@@ -144,6 +147,9 @@ class PipelineMetrics:
 
     def dead_lettered(self, stage: str, error_class: str, n: int) -> None:
         self._m.dead_lettered.labels(self.name, stage, error_class).inc(n)
+
+    def filtered(self, step: str, n: int) -> None:
+        self._m.records_filtered.labels(self.name, step).inc(n)
 
     def set_lag(self, topic: str, partition: int, lag: int, lag_s: float | None = None,
                 committed: int | None = None) -> None:

@@ -27,12 +27,13 @@ import orjson
 from ingest.cdc.debezium import SchemaParts, unwrap, unwrap_key
 from ingest.config import PipelineSettings
 from ingest.core.mapping import Mapper
+from ingest.core.transforms import Transformer, compile_transforms
 from ingest.errors import IngestError, InvalidRecord, NoChange
 from ingest.formats.base import Decoder
 from ingest.formats.json import decode_error
 from ingest.types import DeleteRow, Record
 
-__all__ = ["ChangeMapper", "mapper_for"]
+__all__ = ["ChangeMapper", "TransformingMapper", "mapper_for"]
 
 #: Where a row image carries the event's ``source`` block for ``@source.PATH`` columns.
 _SOURCE_KEY = "@source"
@@ -42,11 +43,56 @@ _HIDDEN_PREFIX = "_ingest_"
 
 
 def mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,
-               key_decoder: Decoder | None = None) -> Mapper | ChangeMapper:
-    """The mapper of ``settings``: a plain :class:`Mapper`, or a :class:`ChangeMapper` when records can delete."""
+               key_decoder: Decoder | None = None) -> Mapper | ChangeMapper | TransformingMapper:
+    """The mapper of ``settings``: a plain :class:`Mapper`, a :class:`ChangeMapper` when records can
+    delete, a :class:`TransformingMapper` when the pipeline has transforms and no deletes (a
+    ChangeMapper applies them itself). Every caller -- the pipeline, ``replay-dlq``, ``preview`` --
+    gets its mapper here, so each applies the configuration's current transforms.
+    Raises ConfigError for a transform that does not compile."""
+    transformer = compile_transforms(settings.transforms, f"pipeline {settings.name!r} transforms")
     if not settings.has_deletes:
-        return Mapper(settings.sink.columns, settings.key, decoder=decoder, key_decoder=key_decoder)
-    return ChangeMapper(settings, decoder=decoder, key_decoder=key_decoder)
+        mapper = Mapper(settings.sink.columns, settings.key, decoder=decoder, key_decoder=key_decoder)
+        return mapper if transformer is None else TransformingMapper(mapper, transformer)
+    return ChangeMapper(settings, decoder=decoder, key_decoder=key_decoder, transformer=transformer)
+
+
+class TransformingMapper:
+    """A :class:`Mapper` whose records go through the pipeline's transforms between decode and map.
+
+    The mapper's contract (``map(record) -> (row, ordering_key)``, raising InvalidRecord for poison)
+    plus :class:`~ingest.errors.Filtered` (a :class:`~ingest.errors.NoChange`) for a record a filter
+    drops. A tombstone is not transformed (the mapper decides it, as without transforms). No
+    columnar plan: transformed records take the row path (:func:`ingest.runner.columnar.columnar_tier`
+    says so).
+    """
+
+    def __init__(self, mapper: Mapper, transformer: Transformer) -> None:
+        self._mapper = mapper
+        self.transformer = transformer
+        self.column_names = mapper.column_names
+        self.column_types = mapper.column_types
+
+    @property
+    def fast_misses(self) -> int:
+        """See :attr:`Mapper.fast_misses` (documents given to the compiled path that it declined)."""
+        return self._mapper.fast_misses
+
+    #: transformed documents skip the typed tier (see :attr:`Mapper.typed_misses`)
+    typed_misses = 0
+
+    def review_typed(self, offered: int) -> None:
+        """Nothing to review: no typed tier here (see :meth:`Mapper.review_typed`)."""
+
+    def columnar_plan(self, key_index: tuple[int, ...] | None, version_index: int | None = None) -> None:
+        """None: transforms run on the row path only."""
+        return None
+
+    def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
+        """``(row, ordering_key)`` of the transformed record. Raises InvalidRecord, Filtered."""
+        if record.value is None:
+            return self._mapper.map(record)
+        doc = self.transformer.apply(record, self._mapper.decode(record))
+        return self._mapper.map_document(record, doc)
 
 
 class ChangeMapper:
@@ -57,8 +103,14 @@ class ChangeMapper:
     """
 
     def __init__(self, settings: PipelineSettings, *, decoder: Decoder | None = None,
-                 key_decoder: Decoder | None = None) -> None:
+                 key_decoder: Decoder | None = None, transformer: Transformer | None = None) -> None:
+        """``transformer``: the pipeline's transforms, applied to an upsert's ``after`` image and to plain
+        records' values; a delete's ``before`` image goes through the steps that move fields only
+        (rename, flatten, drop: with ``REPLICA IDENTITY DEFAULT`` it holds the key alone, so a filter
+        or a computed field would fail or drop every delete); a tombstone or a delete keyed by the
+        record key is not transformed."""
         sink = settings.sink
+        self._transformer = transformer
         columns = {name: (spec.model_copy(update={"source": "$." + spec.source})
                           if (spec.source or "").startswith("@source.") else spec)
                    for name, spec in sink.columns.items()}
@@ -111,6 +163,9 @@ class ChangeMapper:
         if record.value is None:
             return self._tombstone(record)
         if not self._debezium:
+            if self._transformer is not None:
+                doc = self._transformer.apply(record, self._upserts.decode(record))
+                return self._upserts.map_document(record, doc)
             return self._upserts.map(record)
         change = self._parts.change(record.value) if self._parts is not None else None
         if change is None:
@@ -121,11 +176,17 @@ class ChangeMapper:
         op = change.op
         if op in _UPSERT_OPS:
             image: Any = change.after
+            if self._transformer is not None:
+                image = self._transformer.apply(record, image)
             if self._wants_source:
                 image[_SOURCE_KEY] = change.source
             return self._upserts.map_document(record, image)
         if op == "d":
-            image = change.before if change.before is not None else self._key_document(record)
+            if change.before is not None:
+                image = (change.before if self._transformer is None
+                         else self._transformer.apply(record, change.before, shape_only=True))
+            else:
+                image = self._key_document(record)
             if self._wants_source and type(image) is dict:
                 image[_SOURCE_KEY] = change.source
             return self._delete(record, image)

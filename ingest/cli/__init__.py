@@ -2,7 +2,7 @@
 
 - :mod:`.app`: the typer app, shared options, exit codes, loading the config;
 - :mod:`.build`: the only place adapters are built (sources, sinks, DLQs, pipelines);
-- commands: :mod:`.check`, :mod:`.migrate`, :mod:`.run`, :mod:`.dlq`, :mod:`.replay`,
+- commands: :mod:`.check`, :mod:`.migrate`, :mod:`.run`, :mod:`.dlq`, :mod:`.replay`, :mod:`.preview`,
   :mod:`.lag`, :mod:`.demo`.
 
 Exit codes: 0 success; 1 a pipeline failed or a command did not complete; 2 invalid
@@ -19,7 +19,7 @@ from ingest.cli.app import EXIT_CONFIG, EXIT_FAILED, app
 from ingest.errors import ConfigError, IngestError
 
 # Importing the command modules registers their commands on `app`.
-from ingest.cli import check, demo, dlq, lag, migrate, replay, run  # noqa: E402,F401  isort: skip
+from ingest.cli import check, demo, dlq, lag, migrate, preview, replay, run  # noqa: E402,F401  isort: skip
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ingest.config import PipelineSettings, Settings
 from ingest.dlq.base import DeadLetterQueue, DlqReader
+from ingest.errors import ConfigError
 from ingest.cdc.mapper import mapper_for
 from ingest.formats.registry import build_decoder
 from ingest.metrics import Metrics
@@ -97,13 +98,19 @@ def build_pipeline(settings: Settings, p: PipelineSettings, *, stop: threading.E
     from ingest.sources.kafka import KafkaSource
     from ingest.runner.writer import BatchWriter
 
+    decoder = build_decoder(p, settings.schema_registry)
+    key_decoder = build_decoder(p, settings.schema_registry, "key")
+    if p.transforms:  # a schema in a file is here at start-up: refuse a step reading a field it lacks
+        from ingest.formats.check import file_schema_problems
+
+        problems = file_schema_problems(p, decoder, f"pipelines[{settings.pipelines.index(p)}].transforms")
+        if problems:
+            raise ConfigError("\n".join(problems))
     backend = registry.backend(p.sink.kind)
     sink = build_sink(p, lanes=p.lanes)
     dlq = build_dlq(settings, p)
     offset_store = backend.offset_store(p)
     exactly_once = backend.exactly_once_writer(sink, p, dlq) if offset_store is not None else None
-    decoder = build_decoder(p, settings.schema_registry)
-    key_decoder = build_decoder(p, settings.schema_registry, "key")
     # One mapper: the accept loop's, and the columnar tier's for the records it leaves to rows (so the
     # run's fast-path statistics count those too).
     mapper = mapper_for(p, decoder=decoder, key_decoder=key_decoder)

@@ -37,7 +37,7 @@ def check(config: ConfigOpt = None, log_level: LogLevelOpt = "warning") -> None:
     try:
         check_broker(settings.kafka)
         typer.echo(f"ok   kafka {settings.kafka.bootstrap_servers}")
-        for p in settings.pipelines:
+        for index, p in enumerate(settings.pipelines):
             sink = build_sink(p, lanes=1)
             try:
                 sink.check()
@@ -45,10 +45,13 @@ def check(config: ConfigOpt = None, log_level: LogLevelOpt = "warning") -> None:
                 sink.close()
             described = registry.backend(p.sink.kind).describe(p.sink)
             typer.echo(f"ok   pipeline {p.name}: sink {p.sink.kind} {described}")
+            if p.transforms:  # compiled when the file was loaded
+                typer.echo(f"ok   pipeline {p.name}: {len(p.transforms)} transforms compiled "
+                           f"({', '.join(step.label(i) for i, step in enumerate(p.transforms))})")
             if p.dlq.uses_postgres_table:
                 check_dsn(dlq_dsn(p), f"postgres DLQ of pipeline {p.name!r}")
                 typer.echo(f"ok   pipeline {p.name}: DLQ postgres table {p.dlq.table}")
-            problems += _schemas(settings, p)
+            problems += _schemas(settings, p, f"pipelines[{index}].transforms")
     except ServiceUnreachable as exc:
         raise fail(EXIT_UNREACHABLE, f"unreachable: {exc}") from None
     except ConfigError as exc:
@@ -58,7 +61,7 @@ def check(config: ConfigOpt = None, log_level: LogLevelOpt = "warning") -> None:
     typer.echo("config ok")
 
 
-def _schemas(settings: Any, p: Any) -> list[str]:
+def _schemas(settings: Any, p: Any, where: str) -> list[str]:
     """Print the schema lines of a typed-format pipeline; return its problems."""
     from ingest.formats.check import check_schemas
     from ingest.formats.registry import build_decoder
@@ -68,7 +71,7 @@ def _schemas(settings: Any, p: Any) -> list[str]:
         key_decoder = build_decoder(p, settings.schema_registry, "key")
     except ValueError as exc:
         raise ConfigError(f"pipeline {p.name}: {exc}") from None
-    report = check_schemas(p, decoder, key_decoder)
+    report = check_schemas(p, decoder, key_decoder, where)
     for line in report.ok:
         typer.echo(f"ok   {line}")
     for line in report.warnings:

@@ -186,7 +186,8 @@ def _report(built: list[Any], errors: dict[str, BaseException], elapsed: float, 
         s = b.pipeline.stats
         typer.echo(
             f"pipeline {b.pipeline.settings.name}: consumed {s.records_consumed} records, wrote {s.rows_written} "
-            f"rows ({s.rows_deleted} of them deletes), dead-lettered {s.dead_lettered_total}, skipped {s.skipped}, "
+            f"rows ({s.rows_deleted} of them deletes), dead-lettered {s.dead_lettered_total}, "
+            f"filtered {s.filtered_total}, skipped {s.skipped}, "
             f"{s.records_consumed / elapsed if elapsed > 0 else 0:.0f} records/s over {elapsed:.1f} s",
             err=True,
         )

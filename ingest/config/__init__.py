@@ -4,6 +4,8 @@
   :class:`SinkSettingsBase`);
 - :mod:`.pipeline`: the broker connection and one pipeline (its sink section is validated
   by the settings class its ``kind`` names in :mod:`.kinds`);
+- :mod:`.transforms`: the steps of a pipeline's ``transforms:`` list (shape only; the expressions
+  are compiled by :mod:`ingest.core.transforms` when the file is loaded);
 - :mod:`.kinds`: the settings-side registry (sink kind → settings class, format names), which
   :mod:`ingest.sinks.registry`, :mod:`ingest.formats.registry` and plugins fill;
 - :mod:`.load`: the whole file, environment overrides, and errors naming the field.

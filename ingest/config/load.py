@@ -32,6 +32,7 @@ from pydantic_settings import (
 from ingest.config import kinds
 from ingest.config.formats import SchemaRegistrySettings
 from ingest.config.pipeline import KafkaSettings, PipelineSettings, SchedulerSettings
+from ingest.core.transforms import check_transforms
 from ingest.errors import ConfigError
 from ingest.redact import register_settings
 
@@ -136,5 +137,9 @@ def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
         loaded = _FileSettings()
     except ValidationError as exc:
         raise ConfigError(_format_error(str(file), exc, data)) from None
+    try:
+        check_transforms(loaded.pipelines)  # every expression compiles (cached for the run)
+    except ConfigError as exc:
+        raise ConfigError(f"invalid config {file}:\n  {exc}") from None
     register_settings(loaded)  # every secret of it is masked in output and logs from now on
     return loaded

@@ -33,6 +33,7 @@ from ingest.config.base import (
     check_identifier,
 )
 from ingest.config.cdc import DeleteSettings
+from ingest.config.transforms import TransformStep
 from ingest.core.avro_schema import parse_avro_text
 from ingest.core.collapse import CollapseRule
 
@@ -199,6 +200,9 @@ class PipelineSettings(Frozen):
     truncate: Literal["ignore", "dlq"] = "ignore"
     #: How deletes are written (hard / soft, the tombstone table), when the pipeline has deletes.
     deletes: DeleteSettings = Field(default_factory=DeleteSettings)
+    #: Steps applied in order to each decoded record (a change event's row image) before mapping
+    #: (ingest.config.transforms; compiled by ingest.core.transforms when the config is loaded).
+    transforms: list[TransformStep] = Field(default_factory=list)
     batch: BatchSettings = Field(default_factory=BatchSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
     #: Validated by the settings class its ``kind`` names in the settings-side registry (ingest.config.kinds).
@@ -256,6 +260,14 @@ class PipelineSettings(Frozen):
         if self.has_deletes and self.deletes.mode == "soft":
             return dataclasses.replace(rule, merge_deletes=True)
         return rule
+
+    @model_validator(mode="after")
+    def _transform_labels(self) -> PipelineSettings:
+        """Step labels name metric series and DLQ messages: one per step."""
+        labels = [step.label(i) for i, step in enumerate(self.transforms)]
+        if len(set(labels)) != len(labels):
+            raise ValueError("transforms: two steps have one name")
+        return self
 
     @property
     def effective_group_id(self) -> str:

@@ -38,7 +38,7 @@ from ingest.config import PipelineSettings
 from ingest.core.collapse import collapse
 from ingest.core.isolation import write_groups_isolating
 from ingest.dlq.base import DlqFilter, DlqReader, DlqRow
-from ingest.errors import InvalidRecord, NoChange
+from ingest.errors import Filtered, InvalidRecord, NoChange
 from ingest.formats.base import Decoder, prepare_all
 from ingest.replay.order import Verdict, judge
 from ingest.retry import retrying
@@ -59,6 +59,8 @@ class ReplaySummary:
     still_failing: int = 0
     gave_up: int = 0
     skipped: int = 0  # over the loop-guard limit before this run
+    #: of ``replayed``: entries a filter of the pipeline's current transforms drops (resolved, nothing written)
+    filtered: int = 0
 
     def line(self, dry_run: bool) -> str:
         if dry_run:
@@ -66,6 +68,8 @@ class ReplaySummary:
                     "nothing changed")
         text = (f"replayed {self.replayed}, still failing {self.still_failing} (gave up {self.gave_up}), "
                 f"skipped {self.skipped}")
+        if self.filtered:
+            text += f", filtered {self.filtered} (of the replayed: dropped by a filter of the current transforms)"
         if self.superseded:
             text += f", superseded {self.superseded} (their rows already held newer records)"
         if self.refused:
@@ -182,8 +186,9 @@ class Replayer:
             except InvalidRecord as exc:
                 failures.append((row.id, Failure(exc.stage, exc.error_class, exc.message)))
                 continue
-            except NoChange:  # handled without a row now (e.g. a truncate, since truncate: ignore)
+            except NoChange as exc:  # handled without a row now (a truncate, since truncate: ignore; a filter)
                 unchanged.append(row.id)
+                summary.filtered += type(exc) is Filtered
                 continue
             item = Item(row.record, mapped, None, 0, 0)
             entry_of[id(item)] = row

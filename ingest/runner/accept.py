@@ -9,6 +9,7 @@ and exactly-once pipelines route them by offset, so a replay routes them alike).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import operator
@@ -21,7 +22,7 @@ from ingest.core.hotkeys import LaneLoad
 from ingest.core.mapping import Mapper
 from ingest.core.offsets import OffsetTracker
 from ingest.core.routing import LaneRouter, key_bytes
-from ingest.errors import InvalidRecord, NoChange
+from ingest.errors import Filtered, InvalidRecord, NoChange
 from ingest.metrics import PipelineMetrics
 from ingest.runner.batching import LaneBatchers
 from ingest.runner.stats import PipelineStats
@@ -106,6 +107,7 @@ class Acceptor:
         run: list[int] = []
         countdown = self._sample_countdown
         skipped: list[tuple[Partition, int, int]] = []  # tombstones done at once: (tp, offset, epoch)
+        filtered: list[str] = []  # the filter step of each record a filter dropped (also in `skipped`)
         for rec in records:
             if rec.partition != partition or rec.topic != topic:  # a new run of one partition
                 if run:
@@ -136,8 +138,10 @@ class Acceptor:
             except InvalidRecord as exc:
                 item = Item(rec, None, Failure(exc.stage, exc.error_class, exc.message), epoch, size)
                 row, key = None, record_key
-            except NoChange:  # handled without a row (ingest.cdc): done at once, like a skipped tombstone
-                skipped.append((tp, offset, epoch))
+            except NoChange as exc:  # handled without a row (ingest.cdc): done at once, like a skipped tombstone
+                skipped.append((tp, offset, epoch))  # a filtered record too (ingest.core.transforms)
+                if type(exc) is Filtered:
+                    filtered.append(exc.step)
                 continue
             countdown -= 1
             # The row's key bytes choose its lane; with one lane they are needed only by the sampler.
@@ -157,7 +161,7 @@ class Acceptor:
         self._sample_countdown = countdown
         if run:
             tracker.track_many(tp, run)
-        self._settle(skipped)
+        self._settle(skipped, filtered)
         self._mapper.review_typed(len(records))
         self.count_misses()
         for lane, items in enumerate(lane_items):
@@ -171,11 +175,17 @@ class Acceptor:
         self._stats.fast_path_misses = self._mapper.fast_misses - self._misses_before
         self._stats.typed_misses = self._mapper.typed_misses - self._typed_misses_before
 
-    def _settle(self, skipped: list[tuple[Partition, int, int]]) -> None:
-        """Mark the records handled without a row ``(tp, offset, epoch)`` done at once, a run at a time."""
+    def _settle(self, skipped: list[tuple[Partition, int, int]], filtered: list[str] | None = None) -> None:
+        """Mark the records handled without a row ``(tp, offset, epoch)`` done at once, a run at a time;
+        ``filtered``: the filter labels of those a filter dropped (counted apart from ``skipped``)."""
         for (skipped_tp, skipped_epoch), run_of in itertools.groupby(skipped, _run_key):
             self._tracker.done_many(skipped_tp, [offset for _, offset, _ in run_of], skipped_epoch)
-        self._stats.skipped += len(skipped)
+        self._stats.skipped += len(skipped) - len(filtered or ())
+        if filtered:
+            counts = collections.Counter(filtered)
+            self._stats.filtered.update(counts)
+            for step, n in counts.items():
+                self._metrics.filtered(step, n)
 
     def _accept_deferred(self, records: list[Record], now_ms: int) -> None:
         """:meth:`accept` when records are mapped per batch later (``defer_mapping``; one lane): the

@@ -143,8 +143,8 @@ def columnar_tier(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exa
                   mapper: Callable[[], Mapper]) -> ColumnarTier | None:
     """The pipeline's columnar tier when the pipeline can have it and ``p.columnar`` is not false, else
     None. Either way the tier is logged at start-up with, for rows, the first reason (a warning when
-    the pipeline asked for it, ``columnar: true``, and cannot have it). ``mapper()`` builds the row mapper the pipeline
-    thread would use."""
+    the pipeline asked for it, ``columnar: true``, and cannot have it). ``mapper()`` builds the row
+    mapper the pipeline thread would use."""
     if p.columnar is False:
         log.info("pipeline %r: write tier: rows (columnar: false)", p.name,
                  extra={"pipeline": p.name, "tier": "rows", "why": "columnar: false"})
@@ -161,6 +161,8 @@ def columnar_tier(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exa
         why = "it reads plain JSON values only"
     elif p.has_deletes:
         why = "a pipeline whose records delete writes by rows"
+    elif p.transforms:
+        why = "transforms run on the row path (the columnar tier does not apply them yet)"
     elif rule.key_index is not None and (rule.keep != "last" or rule.merge_deletes):
         why = "its collapse rule is not 'the last (or highest-version) record of a key wins'"
     elif importlib.util.find_spec("pyarrow") is None:

@@ -22,6 +22,8 @@ class PipelineStats:
     rows_deleted: int = 0
     dead_lettered: Counter[tuple[str, str]] = field(default_factory=Counter)
     skipped: int = 0
+    #: records a ``filter`` transform dropped, by the filter's label (done, committed; not in ``skipped``)
+    filtered: Counter[str] = field(default_factory=Counter)
     #: records handed to the mapper, and those of them its compiled fast path declined (mapped by the
     #: generic loop instead, which alone decides poison): the fast path's hit rate
     records_mapped: int = 0
@@ -80,6 +82,10 @@ class PipelineStats:
     def dead_lettered_total(self) -> int:
         return sum(self.dead_lettered.values())
 
+    @property
+    def filtered_total(self) -> int:
+        return sum(self.filtered.values())
+
     def rate_per_s(self) -> float:
         """Records per second between the first record and the last handled batch."""
         if self.first_record_s is None or self.last_done_s is None:
@@ -95,6 +101,8 @@ class PipelineStats:
             "dead_lettered": self.dead_lettered_total,
             "dead_lettered_by_class": {f"{k[0]}/{k[1]}": v for k, v in self.dead_lettered.items()},
             "skipped": self.skipped,
+            "filtered": self.filtered_total,
+            "filtered_by_step": dict(self.filtered),
             "records_mapped": self.records_mapped,
             "fast_path_misses": self.fast_path_misses,
             "typed_misses": self.typed_misses,

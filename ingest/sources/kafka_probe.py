@@ -18,15 +18,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import (
+    OFFSET_BEGINNING,
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaError,
+    KafkaException,
     TopicPartition,
 )
 
 from ingest.config import KafkaSettings
+from ingest.errors import ServiceUnreachable
 from ingest.sources.kafka_config import consumer_config
-from ingest.types import Partition
+from ingest.types import Partition, Record, origin_of
 
 
 def probe_config(kafka: KafkaSettings, purpose: str) -> dict[str, Any]:
@@ -96,3 +99,41 @@ def read_heads(probe: Any, positions: Mapping[Partition, int], timeout_s: float)
 def new_probe(kafka: KafkaSettings, purpose: str, logger: Any = None) -> Consumer:
     """A probe consumer; the caller closes it."""
     return Consumer(probe_config(kafka, purpose), **({"logger": logger} if logger is not None else {}))
+
+
+def sample_records(kafka: KafkaSettings, topics: list[str], limit: int, timeout_s: float = 10.0) -> list[Record]:
+    """Up to ``limit`` records from the start of every partition of ``topics`` (``ingest preview
+    --from-topic``), read by a probe: no group joined, nothing committed. Stops at ``limit``, when
+    every partition reached its log end, or after ``timeout_s``. Ordered by topic, partition,
+    offset. Raises ServiceUnreachable when the topics' metadata does not come."""
+    probe = new_probe(kafka, "preview")
+    try:
+        assigned: list[TopicPartition] = []
+        for topic in topics:
+            try:
+                meta = probe.list_topics(topic, timeout=timeout_s).topics.get(topic)
+            except KafkaException as exc:
+                raise ServiceUnreachable("kafka", f"no metadata for topic {topic!r}: {exc}") from None
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise ServiceUnreachable("kafka", f"topic {topic!r} has no partitions (does it exist?)")
+            assigned += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(meta.partitions)]
+        probe.assign(assigned)
+        records: list[Record] = []
+        at_end: set[tuple[str, int]] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(records) < limit and len(at_end) < len(assigned) and time.monotonic() < deadline:
+            for msg in probe.consume(min(1000, limit - len(records)), 0.1):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        at_end.add((msg.topic(), msg.partition()))
+                    continue
+                _, ts = msg.timestamp()
+                headers = tuple(msg.headers() or ())
+                records.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                                      ts if ts >= 0 else None, headers, origin_of(headers)))
+                if len(records) >= limit:
+                    break
+        return sorted(records, key=lambda r: (r.topic, r.partition, r.offset))
+    finally:
+        probe.close()

@@ -71,6 +71,10 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
      (re.compile(r"^write +-?[\d.]+ +-?[\d.]+$", re.MULTILINE), re.compile(r"^sum +-?[\d.]+ +-?[\d.]+ ", re.MULTILINE))),
     # the CDC streams beside the plain upserts; each final table checked against its source table
     ("cdc_pipeline.py", ["--records", "3000", "--rounds", "1"], "(end-to-end tables of the last round"),
+    # transforms (a filter, three computed columns) beside the same pipeline without; each table checked
+    ("transforms_pipeline.py", ["--records", "3000", "--rounds", "1"],
+     (re.compile(r"transforms / plain = x[\d.]+ records/s \(medians; target >= 0\.8\)"),
+      re.compile(r"round 1 transforms +[\d,]+ records/s, own CPU -?[\d.]+ us per record, columnar 0, filtered 0"))),
 ])
 def test_bench_runs_end_to_end(script: str, args: list[str], expect: str | tuple[str | re.Pattern, ...]) -> None:
     res = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
