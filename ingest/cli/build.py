@@ -119,7 +119,8 @@ def build_pipeline(settings: Settings, p: PipelineSettings, *, stop: threading.E
     writer = BatchWriter(pipeline=p.name, write=sink.write, dlq=dlq, retry=p.retry,
                          collapse_rule=p.collapse_rule(), abort=abort, exactly_once=exactly_once,
                          insert_tokens=backend.capabilities.insert_tokens, columnar=columnar)
-    source_factory = functools.partial(KafkaSource, settings.kafka, p.effective_group_id, list(p.topics))
+    source_factory = functools.partial(KafkaSource, settings.kafka, p.effective_group_id, list(p.topics),
+                                       exclude_topics=p.exclude_topics, topic_refresh_s=p.topic_refresh_s)
     pipeline = Pipeline(
         p, source_factory=source_factory, writer=writer, stop=stop, abort=abort, options=options,
         decoder=decoder, key_decoder=key_decoder, mapper=mapper,

@@ -35,9 +35,10 @@ def check(config: ConfigOpt = None, log_level: LogLevelOpt = "warning") -> None:
 
     problems: list[str] = []
     try:
-        check_broker(settings.kafka)
+        listed = check_broker(settings.kafka)
         typer.echo(f"ok   kafka {settings.kafka.bootstrap_servers}")
         for index, p in enumerate(settings.pipelines):
+            _topics(p, listed)
             sink = build_sink(p, lanes=1)
             try:
                 sink.check()
@@ -59,6 +60,20 @@ def check(config: ConfigOpt = None, log_level: LogLevelOpt = "warning") -> None:
     if problems:
         raise fail(EXIT_CONFIG, "\n".join(f"FAIL {line}" for line in problems))
     typer.echo("config ok")
+
+
+def _topics(p: Any, listed: list[str]) -> None:
+    """A pipeline with topic patterns: the topics they match today (the run picks up new ones)."""
+    selector = p.topic_selector
+    if not selector.has_patterns:
+        return
+    matched = [t for t in selector.select(listed) if t not in selector.literals]
+    patterns = " ".join(t for t in p.topics if t not in selector.literals)
+    if matched:
+        typer.echo(f"ok   pipeline {p.name}: topics matching {patterns}: {', '.join(matched)}")
+    else:
+        typer.echo(f"warn pipeline {p.name}: no topic matches {patterns} yet (a run picks up new ones "
+                   f"every {p.topic_refresh_s:g} s)")
 
 
 def _schemas(settings: Any, p: Any, where: str) -> list[str]:

@@ -10,6 +10,7 @@ registry; nothing here imports a backend, a decoder or the runner.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Literal
 
 from pydantic import (
@@ -23,6 +24,7 @@ from pydantic import (
 )
 
 from ingest.config import kinds
+from ingest.core.topics import DEFAULT_EXCLUDE_TOPICS, TopicSelector, is_pattern
 from ingest.config.base import (
     SECRET_CLIENT_KEYS,
     SOURCE_RE,
@@ -157,7 +159,12 @@ class PipelineSettings(Frozen):
     """One topic set → one table, with its own consumer group."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    #: Topic names, and patterns: an entry beginning with ``^`` is a regular expression (ingest.core.topics).
     topics: list[str] = Field(min_length=1)
+    #: Patterns of topics a ``topics`` pattern must not pick up (never a name listed in ``topics``).
+    exclude_topics: list[str] = Field(default_factory=lambda: list(DEFAULT_EXCLUDE_TOPICS))
+    #: How often a pipeline with topic patterns lists the broker's topics for new matches.
+    topic_refresh_s: float = Field(default=30.0, gt=0)
     group_id: str | None = None
     #: How record values are encoded: a format of the format registry (ingest.formats.registry,
     #: names in ingest.config.kinds):
@@ -217,6 +224,30 @@ class PipelineSettings(Frozen):
     hot_key_share: float = Field(default=0.5, gt=0, le=1)
     #: Length of the hot-key / hot-lane observation interval.
     hot_key_interval_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("topics", "exclude_topics")
+    @classmethod
+    def _patterns(cls, value: list[str], info: Any) -> list[str]:
+        """Every pattern compiles (a ``topics`` entry is one when it begins with ``^``)."""
+        for i, entry in enumerate(value):
+            if info.field_name == "exclude_topics" or is_pattern(entry):
+                try:
+                    re.compile(entry)
+                except re.error as exc:
+                    raise ValueError(f"{info.field_name}[{i}] {entry!r} is not a regular expression: {exc}") from None
+            elif not entry:
+                raise ValueError(f"{info.field_name}[{i}] is empty")
+        return value
+
+    @property
+    def topic_selector(self) -> TopicSelector:
+        """Which topics this pipeline reads (names and patterns, less the exclusions)."""
+        return TopicSelector(self.topics, self.exclude_topics)
+
+    @property
+    def literal_topics(self) -> list[str]:
+        """The ``topics`` entries that name one topic (not patterns)."""
+        return [t for t in self.topics if not is_pattern(t)]
 
     @property
     def effective_tombstones(self) -> str:
@@ -306,12 +337,13 @@ class PipelineSettings(Frozen):
         return self
 
     def value_subjects(self) -> list[str]:
-        """The registry subjects of this pipeline's record values, one per topic (by ``subject_strategy``)."""
+        """The registry subjects of this pipeline's record values, one per topic named in ``topics`` (by
+        ``subject_strategy``; the topics a pattern finds are not known before the broker lists them)."""
         if self.subject_strategy == "record_name":
             return [str(self.record_name)]
         if self.subject_strategy == "topic_record_name":
-            return [f"{topic}-{self.record_name}" for topic in self.topics]
-        return [f"{topic}-value" for topic in self.topics]
+            return [f"{topic}-{self.record_name}" for topic in self.literal_topics]
+        return [f"{topic}-value" for topic in self.literal_topics]
 
     @field_validator("avro_schema")
     @classmethod

@@ -41,7 +41,7 @@ def check_schemas(pipeline: Any, decoder: Any, key_decoder: Any = None, where: s
     _check(pipeline, decoder, pipeline.value_subjects(), "$", report,
            where or f"pipeline {pipeline.name}: transforms")
     if key_decoder is not None:
-        _check(pipeline, key_decoder, [f"{topic}-key" for topic in pipeline.topics], "@key.$", report)
+        _check(pipeline, key_decoder, [f"{topic}-key" for topic in pipeline.literal_topics], "@key.$", report)
     return report
 
 

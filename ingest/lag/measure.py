@@ -226,7 +226,10 @@ def collect_lag(
             consumer = Consumer(_group_config(kafka, group_id), logger=quiet)
             try:
                 stored = _stored_offsets(p)
-                rows, errors = measure_partitions(consumer, probe, list(p.topics), timeout_s=timeout_s,
+                topics = list(p.topics)
+                if p.topic_selector.has_patterns:  # the topics the patterns match today
+                    topics = p.topic_selector.select(consumer.list_topics(timeout=timeout_s).topics)
+                rows, errors = measure_partitions(consumer, probe, topics, timeout_s=timeout_s,
                                                   stored=stored)
             except KafkaException as exc:
                 code, msg = _kafka_error_text(exc)

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import logging
 import operator
-import time
-from collections.abc import Iterable
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator, Sequence
 
 from confluent_kafka import (
     OFFSET_INVALID,
@@ -43,6 +42,7 @@ from confluent_kafka import (
 )
 
 from ingest.config import KafkaSettings
+from ingest.core.topics import DEFAULT_EXCLUDE_TOPICS, TopicSelector
 from ingest.errors import ServiceUnreachable, TransientError
 from ingest.sources.base import Backlog, RebalanceListener
 from ingest.sources.kafka_config import consumer_config
@@ -108,21 +108,58 @@ class KafkaSource:
     """A subscribed consumer (the :class:`~ingest.sources.base.Source` protocol); the listener's
     callbacks run inside ``poll``."""
 
-    def __init__(self, kafka: KafkaSettings, group_id: str, topics: list[str], listener: RebalanceListener) -> None:
+    def __init__(self, kafka: KafkaSettings, group_id: str, topics: list[str], listener: RebalanceListener, *,
+                 exclude_topics: Sequence[str] = DEFAULT_EXCLUDE_TOPICS, topic_refresh_s: float = 30.0) -> None:
+        """``topics``: names and patterns (:mod:`ingest.core.topics`). With a pattern among them the
+        broker's topics are listed now and every ``topic_refresh_s`` (in :meth:`poll`), and the
+        subscription follows the matching set. Does not block on the broker otherwise."""
         self._listener = listener
         self._kafka = kafka
         self._group_id = group_id
-        self._topics = list(topics)
+        self._selector = TopicSelector(topics, exclude_topics)
+        self._topic_refresh_s = topic_refresh_s
+        #: the topics subscribed to now (literal names, plus what the patterns matched at the last listing)
+        self._topics: list[str] = []
+        self._next_listing_s = 0.0
         #: monotonic time since when every broker is down (None: reachable, as far as we know)
         self._unreachable_since: float | None = None
         self._probed_at = 0.0
         self._consumer = Consumer({**consumer_config(kafka, group_id), "error_cb": self._on_error}, logger=log)
         self._cooperative = "cooperative" in str(kafka.client.get("partition.assignment.strategy", ""))
-        self._consumer.subscribe(
-            topics, on_assign=self._assign_cb, on_revoke=self._revoke_cb, on_lost=self._lost_cb
-        )
         self._closed = False
         self._watchdog = StallWatchdog(kafka.outage_timeout_s)
+        if self._selector.has_patterns:
+            self._list_topics()
+        else:
+            self._subscribe(list(self._selector.literals))
+
+    # -- the subscription ------------------------------------------------------
+    def _subscribe(self, topics: list[str]) -> None:
+        if topics:
+            self._consumer.subscribe(
+                topics, on_assign=self._assign_cb, on_revoke=self._revoke_cb, on_lost=self._lost_cb
+            )
+        elif self._topics:
+            self._consumer.unsubscribe()
+        self._topics = topics
+
+    def _list_topics(self) -> None:
+        """Topic patterns: list the broker's topics and subscribe again when the matching set changed
+        (a rebalance follows). A broker that does not answer is asked again at the next probe interval."""
+        now = time.monotonic()
+        try:
+            listed = self._consumer.list_topics(timeout=PROBE_TIMEOUT_S).topics
+        except KafkaException as exc:
+            log.warning("kafka: cannot list topics for the topic patterns; trying again",
+                        extra={"error": exc.args[0].str() if exc.args else str(exc)})
+            self._next_listing_s = now + PROBE_INTERVAL_S
+            return
+        self._next_listing_s = now + self._topic_refresh_s
+        topics = self._selector.select(listed)
+        if topics != self._topics:
+            log.info("kafka: the topic patterns match a new set of topics", extra={
+                "added": sorted(set(topics) - set(self._topics)), "removed": sorted(set(self._topics) - set(topics))})
+            self._subscribe(topics)
 
     # -- rebalance -------------------------------------------------------------
     def _assign_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -183,6 +220,11 @@ class KafkaSource:
         """
         if self._unreachable_since is not None:
             self._check_outage()
+        if self._selector.has_patterns and time.monotonic() >= self._next_listing_s:
+            self._list_topics()
+        if not self._topics:  # patterns that match nothing yet: nothing to consume
+            time.sleep(timeout_s)
+            return []
         messages = self._consumer.consume(num_messages=max_records, timeout=timeout_s)
         if not messages:
             return []
@@ -361,13 +403,14 @@ class KafkaSource:
                 self._consumer.close()
 
 
-def check_broker(kafka: KafkaSettings, timeout_s: float = 5.0) -> None:
-    """List topics once. Raises ServiceUnreachable naming the bootstrap servers (never the credentials)."""
+def check_broker(kafka: KafkaSettings, timeout_s: float = 5.0) -> list[str]:
+    """List topics once; returns their names. Raises ServiceUnreachable naming the bootstrap servers
+    (never the credentials)."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({**kafka.client_config(), "socket.timeout.ms": int(timeout_s * 1000)})
     try:
-        admin.list_topics(timeout=timeout_s)
+        return sorted(admin.list_topics(timeout=timeout_s).topics)
     except KafkaException as exc:
         err = exc.args[0]
         msg = err.str() if hasattr(err, "str") else str(err)
