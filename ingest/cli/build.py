@@ -19,7 +19,7 @@ from ingest.cdc.mapper import mapper_for
 from ingest.formats.registry import build_decoder
 from ingest.metrics import Metrics
 from ingest.runner import Pipeline, RunOptions
-from ingest.runner.columnar import columnar_tier
+from ingest.runner.columnar import columnar_tier, write_tier
 from ingest.scheduler import WriteScheduler
 from ingest.sinks import registry
 from ingest.sinks.base import Sink
@@ -114,8 +114,9 @@ def build_pipeline(settings: Settings, p: PipelineSettings, *, stop: threading.E
     # One mapper: the accept loop's, and the columnar tier's for the records it leaves to rows (so the
     # run's fast-path statistics count those too).
     mapper = mapper_for(p, decoder=decoder, key_decoder=key_decoder)
+    tier: list[str] = []
     columnar = columnar_tier(p, sink, columnar_capable=backend.capabilities.columnar,
-                             exactly_once=exactly_once is not None, mapper=lambda: mapper)
+                             exactly_once=exactly_once is not None, mapper=lambda: mapper, said=tier.append)
     writer = BatchWriter(pipeline=p.name, write=sink.write, dlq=dlq, retry=p.retry,
                          collapse_rule=p.collapse_rule(), abort=abort, exactly_once=exactly_once,
                          insert_tokens=backend.capabilities.insert_tokens, columnar=columnar)
@@ -127,4 +128,16 @@ def build_pipeline(settings: Settings, p: PipelineSettings, *, stop: threading.E
         metrics=metrics.pipeline(p.name) if metrics is not None else None,
         offset_store=offset_store, scheduler=(schedulers or {}).get(sink_identity(p)),
     )
+    pipeline.stats.write_tier = tier[0] if tier else None
     return Built(pipeline, [sink, dlq] + ([offset_store] if offset_store is not None else []))
+
+
+def describe_tier(settings: Settings, p: PipelineSettings, sink: Sink) -> str:
+    """What a run of ``p`` writes with: ``columnar``, or ``rows (<the first reason>)`` (for ``ingest
+    check``; the run logs the same line at start-up). ``sink``: built by :func:`build_sink`, open."""
+    backend = registry.backend(p.sink.kind)
+    decoder = build_decoder(p, settings.schema_registry)
+    key_decoder = build_decoder(p, settings.schema_registry, "key")
+    return write_tier(p, sink, columnar_capable=backend.capabilities.columnar,
+                      exactly_once=bool(getattr(p.sink, "exactly_once", False)),
+                      mapper=lambda: mapper_for(p, decoder=decoder, key_decoder=key_decoder))

@@ -28,7 +28,7 @@ def check(config: ConfigOpt = None, log_level: LogLevelOpt = "warning") -> None:
     """
     setup_logs(log_level)
     settings = load(config)
-    from ingest.cli.build import build_sink, dlq_dsn
+    from ingest.cli.build import build_sink, describe_tier, dlq_dsn
     from ingest.drivers.postgres import check_dsn
     from ingest.sinks import registry
     from ingest.sources.kafka import check_broker
@@ -42,10 +42,14 @@ def check(config: ConfigOpt = None, log_level: LogLevelOpt = "warning") -> None:
             sink = build_sink(p, lanes=1)
             try:
                 sink.check()
+                tier = describe_tier(settings, p, sink)
+            except ValueError as exc:  # a decoder the config cannot build: said by _schemas below
+                tier = f"unknown ({exc})"
             finally:
                 sink.close()
             described = registry.backend(p.sink.kind).describe(p.sink)
             typer.echo(f"ok   pipeline {p.name}: sink {p.sink.kind} {described}")
+            typer.echo(f"ok   pipeline {p.name}: write tier: {tier}")
             if p.transforms:  # compiled when the file was loaded
                 typer.echo(f"ok   pipeline {p.name}: {len(p.transforms)} transforms compiled "
                            f"({', '.join(step.label(i) for i, step in enumerate(p.transforms))})")

@@ -140,15 +140,40 @@ def _use_system_allocator() -> None:
 
 
 def columnar_tier(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_once: bool,
-                  mapper: Callable[[], Mapper]) -> ColumnarTier | None:
+                  mapper: Callable[[], Mapper], said: Callable[[str], None] | None = None) -> ColumnarTier | None:
     """The pipeline's columnar tier when the pipeline can have it and ``p.columnar`` is not false, else
     None. Either way the tier is logged at start-up with, for rows, the first reason (a warning when
-    the pipeline asked for it, ``columnar: true``, and cannot have it). ``mapper()`` builds the row
-    mapper the pipeline thread would use."""
-    if p.columnar is False:
-        log.info("pipeline %r: write tier: rows (columnar: false)", p.name,
-                 extra={"pipeline": p.name, "tier": "rows", "why": "columnar: false"})
+    the pipeline asked for it, ``columnar: true``, and cannot have it), and ``said`` (when given) hears
+    it as :func:`write_tier` words it. ``mapper()`` builds the row mapper the pipeline thread would use."""
+    why, plan, row_mapper = _decide(p, sink, columnar_capable=columnar_capable, exactly_once=exactly_once,
+                                    mapper=mapper)
+    if why is not None or plan is None or row_mapper is None:
+        log.log(logging.WARNING if p.columnar else logging.INFO, "pipeline %r: write tier: rows (%s)", p.name, why,
+                extra={"pipeline": p.name, "tier": "rows", "why": why})
+        if said is not None:
+            said(f"rows ({why})")
         return None
+    log.info("pipeline %r: write tier: columnar", p.name, extra={"pipeline": p.name, "tier": "columnar"})
+    if said is not None:
+        said("columnar")
+    _use_system_allocator()
+    return ColumnarTier(p.name, plan, sink.encode_columns, sink.write_encoded, row_mapper.map)
+
+
+def write_tier(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_once: bool,
+               mapper: Callable[[], Mapper]) -> str:
+    """``columnar``, or ``rows (<the first reason>)``: what :func:`columnar_tier` would choose (for
+    ``ingest check``; ``sink`` is told the columns as the run would tell it)."""
+    why, plan, _ = _decide(p, sink, columnar_capable=columnar_capable, exactly_once=exactly_once, mapper=mapper)
+    return "columnar" if why is None and plan is not None else f"rows ({why})"
+
+
+def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_once: bool,
+            mapper: Callable[[], Mapper]) -> tuple[str | None, ColumnarPlan | None, Mapper | None]:
+    """``(why not, plan, row mapper)``: why the pipeline writes by rows (the first reason; None when
+    it can have the tier), and the plan and row mapper of the tier."""
+    if p.columnar is False:
+        return "columnar: false", None, None
     rule = p.collapse_rule()
     why = None
     if not columnar_capable:
@@ -167,21 +192,15 @@ def columnar_tier(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exa
         why = "its collapse rule is not 'the last (or highest-version) record of a key wins'"
     elif importlib.util.find_spec("pyarrow") is None:
         why = "pyarrow is not installed (pip install 'ingest[columnar]')"
-    plan = None
-    if why is None:
-        row_mapper = mapper()
-        plan = row_mapper.columnar_plan(rule.key_index, rule.version_index)
-        if plan is None:
-            why = row_mapper.columnar_refusal(rule.key_index, rule.version_index) or "its columns cannot be staged"
-        else:
-            try:
-                sink.use_columnar(plan.columns)
-            except ValueError as exc:  # the sink cannot write these columns (or this table) by columns
-                why = str(exc)
-    if why is not None or plan is None:
-        log.log(logging.WARNING if p.columnar else logging.INFO, "pipeline %r: write tier: rows (columnar batches "
-                "are off: %s)", p.name, why, extra={"pipeline": p.name, "tier": "rows", "why": why})
-        return None
-    log.info("pipeline %r: write tier: columnar", p.name, extra={"pipeline": p.name, "tier": "columnar"})
-    _use_system_allocator()
-    return ColumnarTier(p.name, plan, sink.encode_columns, sink.write_encoded, row_mapper.map)
+    if why is not None:
+        return why, None, None
+    row_mapper = mapper()
+    plan = row_mapper.columnar_plan(rule.key_index, rule.version_index)
+    if plan is None:
+        return row_mapper.columnar_refusal(rule.key_index, rule.version_index) or "its columns cannot be staged", \
+            None, None
+    try:
+        sink.use_columnar(plan.columns)
+    except ValueError as exc:  # the sink cannot write these columns (or this table) by columns
+        return str(exc), None, None
+    return None, plan, row_mapper

@@ -33,6 +33,8 @@ class PipelineStats:
     #: records written by the columnar tier (``columnar: true``; ingest.runner.columnar): its hit rate
     #: is ``columnar_records / records_mapped``
     columnar_records: int = 0
+    #: "columnar", or "rows (<why>)": what the pipeline was built to write with (ingest.runner.columnar)
+    write_tier: str | None = None
     #: exactly-once: records re-read after a restart that the database already had
     already_written: int = 0
     batches: int = 0
@@ -95,6 +97,7 @@ class PipelineStats:
 
     def as_dict(self) -> dict[str, object]:
         return {
+            "write_tier": self.write_tier,
             "records_consumed": self.records_consumed,
             "rows_written": self.rows_written,
             "rows_deleted": self.rows_deleted,

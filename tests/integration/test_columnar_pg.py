@@ -117,5 +117,6 @@ def test_columnar_run_writes_and_dead_letters_what_the_row_path_does(kafka_boots
     assert col_dlq == rows_dlq and len(rows_dlq) > 50
     assert col_stats["dead_lettered"] == rows_stats["dead_lettered"] == len(rows_dlq)
     assert rows_stats["columnar_records"] == 0
+    assert rows_stats["write_tier"] == "rows (columnar: false)" and col_stats["write_tier"] == "columnar"
     # Batches holding an ISO timestamp go by rows; the rest are written columnar.
     assert 0 < col_stats["columnar_records"] < col_stats["records_consumed"] == len(records)

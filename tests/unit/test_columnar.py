@@ -386,7 +386,7 @@ def test_a_pipeline_has_the_tier_by_default_wherever_it_fits(overrides, on, warn
     if warned:
         assert "lanes: 1" in warnings[0].getMessage()
     elif not on and overrides.get("columnar") is None:
-        assert any("write tier: rows (columnar batches are off: it needs lanes: 1" in r.getMessage()
+        assert any("write tier: rows (it needs lanes: 1" in r.getMessage()
                    for r in caplog.records if r.levelno == logging.INFO)
     if on:
         assert any("write tier: columnar" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
