@@ -64,6 +64,10 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
       "of which ingest's own",
       re.compile(r"^pipeline thread by stage \(py-spy, \d+ samples", re.MULTILINE),
       re.compile(r"^  consume\(\) in librdkafka / Message objects +[\d.]+%", re.MULTILINE))),
+    # the upsert's SQL forms side by side; it checks every variant leaves the same table
+    ("upsert_variants.py", ["--rows", "200", "--batches", "2", "--rounds", "1"],
+     (re.compile(r"every variant left the same table; ratios \(x\) to 'stage binary'"),
+      re.compile(r"^binary\+distinct replay +[\d,]+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+$", re.MULTILINE))),
     ("sink_cpu.py", ["--rows", "300", "--batches", "2", "--rounds", "1"],
      (re.compile(r"PostgresSink\.write, 2 x 300 rows, median of 1: client CPU [\d.]+ us/row"),)),
     # each stage of the hot path alone; it checks the table its writes filled
