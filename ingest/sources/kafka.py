@@ -153,8 +153,12 @@ class KafkaSource:
             log.warning("kafka: cannot list topics for the topic patterns; trying again",
                         extra={"error": exc.args[0].str() if exc.args else str(exc)})
             self._next_listing_s = now + PROBE_INTERVAL_S
+            if not self._topics and self._unreachable_since is None:
+                # Nothing subscribed yet, so librdkafka reports no outage: count it here (_check_outage).
+                self._unreachable_since = self._probed_at = now
             return
         self._next_listing_s = now + self._topic_refresh_s
+        self._unreachable_since = None
         topics = self._selector.select(listed)
         if topics != self._topics:
             log.info("kafka: the topic patterns match a new set of topics", extra={

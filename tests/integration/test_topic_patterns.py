@@ -96,3 +96,23 @@ def test_lag_follows_the_pattern(kafka_bootstrap, group_id, tmp_path: Path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert first in res.stdout and second in res.stdout, res.stdout
     assert f"{prefix}.transaction" not in res.stdout, res.stdout
+
+
+@pytest.mark.parametrize("topics", [["orders"], ["^orders"]], ids=["names", "pattern"])
+def test_a_broker_that_never_answers_stops_the_run_within_its_bound(topics, tmp_path: Path):
+    """No broker at the bootstrap address: the run exits 1 naming kafka.outage_timeout_s, with topic
+    names and with a pattern alike (a pattern pipeline has nothing subscribed while it cannot list
+    the topics, so librdkafka reports no outage of its own)."""
+    from socket import socket
+
+    with socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = pipeline_config(bootstrap=f"127.0.0.1:{port}", topic="x", group="g-never", dsn="postgresql://u@127.0.0.1:1/x")
+    cfg["pipelines"][0]["topics"] = topics
+    cfg["kafka"]["outage_timeout_s"] = 4
+    from harness import write_config
+
+    res = run_ingest(["run", "-c", write_config(tmp_path, cfg), "--metrics-port", "0"], timeout_s=90, log_dir=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr[-3000:]
+    assert "kafka.outage_timeout_s" in res.stderr, res.stderr[-3000:]
