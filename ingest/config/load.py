@@ -79,19 +79,25 @@ class Settings(BaseSettings):
 def _format_error(path: str, exc: ValidationError, data: Any) -> str:
     lines = [f"invalid config {path}:"]
     for err in exc.errors():
-        loc_parts: list[str] = []
+        # ``pipelines[0](orders).sink.table``: list indices in brackets (as the transforms' compile
+        # errors name a step: ``pipelines[0].transforms[2].set.x``), a pipeline's name after its index
+        loc = ""
         node = data
         for part in err["loc"]:
-            if isinstance(part, int) and isinstance(node, list) and part < len(node):
-                name = node[part].get("name") if isinstance(node[part], dict) else None
-                loc_parts.append(f"{part}" + (f"({name})" if name else ""))
-                node = node[part]
+            if isinstance(part, int):
+                name = None
+                if isinstance(node, list) and part < len(node):
+                    name = node[part].get("name") if isinstance(node[part], dict) else None
+                    node = node[part]
+                else:
+                    node = None
+                loc += f"[{part}]" + (f"({name})" if name else "")
             else:
                 if part in ("function-after", "function-before"):
                     continue
-                loc_parts.append(str(part))
+                loc += ("." if loc else "") + str(part)
                 node = node.get(part) if isinstance(node, dict) else None
-        loc = ".".join(loc_parts) or "<root>"
+        loc = loc or "<root>"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key"

@@ -190,16 +190,16 @@ def _drop(d: dict, *keys: str) -> None:
 # (id, mutation, field path expected in the message, problem text)
 CLI_INVALID = [
     ("unknown-sink-key", lambda d: d["pipelines"][0]["sink"].update(tabel="x"),
-     "pipelines.0(orders).sink.tabel", "unknown key"),
-    ("lanes-not-int", lambda d: d["pipelines"][0].update(lanes="abc"), "pipelines.0(orders).lanes", "integer"),
+     "pipelines[0](orders).sink.tabel", "unknown key"),
+    ("lanes-not-int", lambda d: d["pipelines"][0].update(lanes="abc"), "pipelines[0](orders).lanes", "integer"),
     ("missing-sink-table", lambda d: _drop(d["pipelines"][0]["sink"], "table"),
-     "pipelines.0(orders).sink.table", "required field missing"),
+     "pipelines[0](orders).sink.table", "required field missing"),
     ("unsupported-type", lambda d: d["pipelines"][0]["sink"]["columns"]["status"].update(type="money"),
-     "pipelines.0(orders).sink.columns", "unsupported column type 'money'"),
+     "pipelines[0](orders).sink.columns", "unsupported column type 'money'"),
     ("conflict-key-not-column", lambda d: d["pipelines"][0]["sink"].update(conflict_key=["nope"]),
-     "pipelines.0(orders).sink", "not among columns"),
+     "pipelines[0](orders).sink", "not among columns"),
     ("kafka-dlq-no-topic", lambda d: d["pipelines"][0].update(dlq={"kind": "kafka"}),
-     "pipelines.0(orders).dlq", "dlq.topic is required"),
+     "pipelines[0](orders).dlq", "dlq.topic is required"),
 ]
 
 

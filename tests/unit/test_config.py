@@ -242,86 +242,86 @@ def _set(obj: dict[str, Any], **kw: Any) -> None:
 INVALID: list[tuple[str, Mutation, str, str]] = [
     ("unknown-top-level-key", lambda d: _set(d, bogus_section=1), "bogus_section", r"unknown key"),
     ("unknown-kafka-key", lambda d: _set(d["kafka"], bootstrap="x:1"), "kafka.bootstrap", r"unknown key"),
-    ("unknown-pipeline-key", lambda d: _set(d["pipelines"][0], lane=2), "pipelines.0(orders).lane", r"unknown key"),
-    ("unknown-sink-key", lambda d: _set(sink(d), tabel="x"), "pipelines.0(orders).sink.tabel", r"unknown key"),
+    ("unknown-pipeline-key", lambda d: _set(d["pipelines"][0], lane=2), "pipelines[0](orders).lane", r"unknown key"),
+    ("unknown-sink-key", lambda d: _set(sink(d), tabel="x"), "pipelines[0](orders).sink.tabel", r"unknown key"),
     (
         "unknown-column-key",
         lambda d: _set(sink(d)["columns"]["status"], nullable=True),
-        "pipelines.0(orders).sink.columns.status.nullable",
+        "pipelines[0](orders).sink.columns.status.nullable",
         r"unknown key",
     ),
-    ("wrong-type-lanes", lambda d: _set(d["pipelines"][0], lanes="abc"), "pipelines.0(orders).lanes", r"integer"),
-    ("lanes-out-of-range", lambda d: _set(d["pipelines"][0], lanes=0), "pipelines.0(orders).lanes", r"1"),
-    ("missing-sink-table", lambda d: sink(d).pop("table"), "pipelines.0(orders).sink.table", r"required field missing"),
+    ("wrong-type-lanes", lambda d: _set(d["pipelines"][0], lanes="abc"), "pipelines[0](orders).lanes", r"integer"),
+    ("lanes-out-of-range", lambda d: _set(d["pipelines"][0], lanes=0), "pipelines[0](orders).lanes", r"1"),
+    ("missing-sink-table", lambda d: sink(d).pop("table"), "pipelines[0](orders).sink.table", r"required field missing"),
     ("missing-pipelines", lambda d: d.pop("pipelines"), "pipelines", r"required field missing"),
     ("empty-pipelines", lambda d: _set(d, pipelines=[]), "pipelines", r"at least 1"),
-    ("missing-topics", lambda d: d["pipelines"][0].pop("topics"), "pipelines.0(orders).topics", r"required field missing"),
+    ("missing-topics", lambda d: d["pipelines"][0].pop("topics"), "pipelines[0](orders).topics", r"required field missing"),
     (
         "unsupported-column-type",
         lambda d: _set(sink(d)["columns"]["status"], type="money"),
-        "pipelines.0(orders).sink.columns",
+        "pipelines[0](orders).sink.columns",
         r"status.*unsupported column type 'money'",
     ),
     (
         "type-modifier-not-allowed",
         lambda d: _set(sink(d)["columns"]["status"], type="text(5)"),
-        "pipelines.0(orders).sink.columns",
+        "pipelines[0](orders).sink.columns",
         r"status.*modifier",
     ),
     ("duplicate-pipeline-name", _append_duplicate, "pipelines", r"duplicate pipeline name 'orders'"),
     (
         "conflict-key-not-a-column",
         lambda d: _set(sink(d), conflict_key=["order_no"]),
-        "pipelines.0(orders).sink",
+        "pipelines[0](orders).sink",
         r"conflict_key.*order_no.*not among columns",
     ),
     (
         "version-column-not-a-column",
         lambda d: _set(sink(d), version_column="kafka_offs"),
-        "pipelines.0(orders).sink",
+        "pipelines[0](orders).sink",
         r"version_column.*kafka_offs.*not among columns",
     ),
     (
         "update-without-conflict-key",
         lambda d: (sink(d).pop("conflict_key"), sink(d).pop("version_column")),
-        "pipelines.0(orders).sink",
+        "pipelines[0](orders).sink",
         r"conflict_key is required",
     ),
     (
         "nothing-without-conflict-key",
         lambda d: (_set(sink(d), on_conflict="nothing", conflict_key=[])),
-        "pipelines.0(orders).sink",
+        "pipelines[0](orders).sink",
         r"conflict_key is required",
     ),
     (
         "bad-on-conflict",
         lambda d: _set(sink(d), on_conflict="merge"),
-        "pipelines.0(orders).sink.on_conflict",
+        "pipelines[0](orders).sink.on_conflict",
         r"update.*nothing.*none",
     ),
     (
         "bad-source-path",
         lambda d: _set(sink(d)["columns"]["status"], source="status"),
-        "pipelines.0(orders).sink.columns.status.source",
+        "pipelines[0](orders).sink.columns.status.source",
         r"invalid source 'status'",
     ),
     (
         "bad-metadata-source",
         lambda d: _set(sink(d)["columns"]["status"], source="@partitionx"),
-        "pipelines.0(orders).sink.columns.status.source",
+        "pipelines[0](orders).sink.columns.status.source",
         r"invalid source '@partitionx'",
     ),
-    ("bad-key-path", lambda d: _set(d["pipelines"][0], key="order_id"), "pipelines.0(orders).key", r"invalid key path"),
+    ("bad-key-path", lambda d: _set(d["pipelines"][0], key="order_id"), "pipelines[0](orders).key", r"invalid key path"),
     (
         "kafka-dlq-without-topic",
         lambda d: _set(d["pipelines"][0], dlq={"kind": "kafka"}),
-        "pipelines.0(orders).dlq",
+        "pipelines[0](orders).dlq",
         r"dlq.topic is required",
     ),
-    ("bad-pipeline-name", lambda d: _set(d["pipelines"][0], name="has space"), "pipelines.0(has space).name", r"pattern"),
-    ("bad-sink-kind", lambda d: _set(sink(d), kind="mysql"), "pipelines.0(orders).sink", r"postgres.*clickhouse"),
-    ("empty-columns", lambda d: _set(sink(d), columns={}), "pipelines.0(orders).sink.columns", r"at least one column"),
-    ("table-name-too-long", lambda d: _set(sink(d), table="x" * 64), "pipelines.0(orders).sink.table", r"1-63 bytes"),
+    ("bad-pipeline-name", lambda d: _set(d["pipelines"][0], name="has space"), "pipelines[0](has space).name", r"pattern"),
+    ("bad-sink-kind", lambda d: _set(sink(d), kind="mysql"), "pipelines[0](orders).sink", r"postgres.*clickhouse"),
+    ("empty-columns", lambda d: _set(sink(d), columns={}), "pipelines[0](orders).sink.columns", r"at least one column"),
+    ("table-name-too-long", lambda d: _set(sink(d), table="x" * 64), "pipelines[0](orders).sink.table", r"1-63 bytes"),
 ]
 
 
@@ -348,8 +348,8 @@ def test_every_bad_field_is_reported(tmp_path: Path) -> None:
     data["surprise"] = True
     message, path = error_of(tmp_path, data)
     assert path in message
-    assert "pipelines.0(orders).lanes" in message
-    assert "pipelines.0(orders).sink.columns.status.extra: unknown key" in message
+    assert "pipelines[0](orders).lanes" in message
+    assert "pipelines[0](orders).sink.columns.status.extra: unknown key" in message
     assert "surprise: unknown key" in message
 
 
@@ -361,9 +361,9 @@ def test_second_pipeline_error_names_that_pipeline(tmp_path: Path) -> None:
     data["pipelines"].append(second)
     message, path = error_of(tmp_path, data)
     assert path in message
-    assert "pipelines.1(refunds).sink.columns" in message
+    assert "pipelines[1](refunds).sink.columns" in message
     assert "unsupported column type 'varchar(x)'" in message
-    assert "pipelines.0(orders)" not in message
+    assert "pipelines[0](orders)" not in message
 
 
 def test_on_conflict_none_without_key_is_ok(tmp_path: Path) -> None:
