@@ -99,6 +99,9 @@ def test_a_broker_outage_past_its_bound_stops_the_pipeline_committing_only_what_
         producer = SteadyProducer(bootstrap, topic, gen, chunk=100, interval_s=0.05, limit=4000)
         producer.start()
         wait_until(lambda: count_rows(pg_dsn) >= 300, 60, what="rows before the outage", proc=proc)
+        # A commit before the outage, so the check below has committed records to look at.
+        wait_until(lambda: sum(committed_offsets(bootstrap, group, topic).values()) > 0, 60,
+                   what="a commit before the outage", proc=proc)
         proxy.blackhole()
         silenced_at = time.monotonic()
         try:
