@@ -42,10 +42,13 @@ class PreviewReport:
     filtered: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
+    #: the child tables' rows (``explode`` steps), by table; with ``replace`` each parent's entry also
+    #: says its other children would be deleted
+    children: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"pipeline": self.pipeline, "tables": {self.table: self.rows}, "filtered": self.filtered,
-                "errors": self.errors, "skipped": self.skipped}
+        return {"pipeline": self.pipeline, "tables": {self.table: self.rows, **self.children},
+                "filtered": self.filtered, "errors": self.errors, "skipped": self.skipped}
 
 
 def preview(settings: Any, p: PipelineSettings, records: Iterable[Record]) -> PreviewReport:
@@ -60,6 +63,9 @@ def preview(settings: Any, p: PipelineSettings, records: Iterable[Record]) -> Pr
     table = getattr(p.sink, "table", p.name)
     report = PreviewReport(p.name, table)
     names = mapper.column_names
+    explodes = [(e, list(p.explode_columns(e))) for _, e in p.explode_steps]
+    for e, _ in explodes:
+        report.children[e.table] = []
     for rec in records:
         where = {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}
         try:
@@ -80,6 +86,15 @@ def preview(settings: Any, p: PipelineSettings, records: Iterable[Record]) -> Pr
             report.rows.append({**where, "delete": values})
         else:
             report.rows.append({**where, "row": values})
+        for (explode, child_names), family in zip(explodes, getattr(row, "families", ()), strict=False):
+            if family is None:
+                continue
+            link, child_rows = family
+            shown = report.children[explode.table]
+            if explode.replace:
+                shown.append({**where, "replaces_children_of": dict(zip(explode.parent, link, strict=True))})
+            shown.extend({**where, "row": {n: v for n, v in zip(child_names, child, strict=False)
+                                           if not n.startswith(_HIDDEN_PREFIX)}} for child in child_rows)
     return report
 
 

@@ -143,3 +143,17 @@ class ImageDeleteRow(DeleteRow):
     deleted, as applying both one by one would have left it."""
 
     __slots__ = ()
+
+
+class FamilyRow(tuple):  # type: ignore[type-arg]
+    """A parent row and the child rows its record's ``explode`` steps made (``ingest.core.transforms``).
+
+    The row itself is the parent table's, like any row; ``families`` holds, per explode step in order,
+    None where the step did not apply to the record (its ``when`` did not hold: the parent's children
+    are left as they are), else ``(link, rows)``: the parent link values in the order of the step's
+    ``parent`` columns (coerced to their types) and the child rows (the child table's columns, one
+    per element, keys distinct). The sink writes them all in one transaction (``ingest.sinks.postgres.children``).
+    No ``__slots__``: instances carry ``families`` (set once, by the mapper).
+    """
+
+    families: tuple[tuple[tuple[Any, ...], list[tuple[Any, ...]]] | None, ...]

@@ -20,6 +20,7 @@ the pipeline's columns: ``$`` paths read the row image, ``@source.PATH`` reads t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -31,9 +32,9 @@ from ingest.core.transforms import Transformer, compile_transforms
 from ingest.errors import IngestError, InvalidRecord, NoChange
 from ingest.formats.base import Decoder
 from ingest.formats.json import decode_error
-from ingest.types import DeleteRow, Record
+from ingest.types import DeleteRow, FamilyRow, Record
 
-__all__ = ["ChangeMapper", "TransformingMapper", "mapper_for"]
+__all__ = ["ChangeMapper", "ChildMapper", "TransformingMapper", "mapper_for"]
 
 #: Where a row image carries the event's ``source`` block for ``@source.PATH`` columns.
 _SOURCE_KEY = "@source"
@@ -52,7 +53,11 @@ def mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,
     transformer = compile_transforms(settings.transforms, f"pipeline {settings.name!r} transforms")
     if not settings.has_deletes:
         mapper = Mapper(settings.sink.columns, settings.key, decoder=decoder, key_decoder=key_decoder)
-        return mapper if transformer is None else TransformingMapper(mapper, transformer)
+        if transformer is None:
+            return mapper
+        children = [ChildMapper(i, settings.transforms[i].label(i), e, settings.explode_columns(e))
+                    for i, e in settings.explode_steps]
+        return TransformingMapper(mapper, transformer, children)
     return ChangeMapper(settings, decoder=decoder, key_decoder=key_decoder, transformer=transformer)
 
 
@@ -66,9 +71,11 @@ class TransformingMapper:
     says so).
     """
 
-    def __init__(self, mapper: Mapper, transformer: Transformer) -> None:
+    def __init__(self, mapper: Mapper, transformer: Transformer, children: Sequence[ChildMapper] = ()) -> None:
+        """``children``: one per ``explode`` step, in order: rows become :class:`~ingest.types.FamilyRow`."""
         self._mapper = mapper
         self.transformer = transformer
+        self._children = tuple(children)
         self.column_names = mapper.column_names
         self.column_types = mapper.column_types
 
@@ -88,11 +95,58 @@ class TransformingMapper:
         return None
 
     def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
-        """``(row, ordering_key)`` of the transformed record. Raises InvalidRecord, Filtered."""
+        """``(row, ordering_key)`` of the transformed record. Raises InvalidRecord, Filtered. With
+        ``explode`` steps the row is a :class:`~ingest.types.FamilyRow` carrying the child rows; an
+        element that cannot be a child row fails the whole record (stage ``transform``)."""
         if record.value is None:
             return self._mapper.map(record)
-        doc = self.transformer.apply(record, self._mapper.decode(record))
-        return self._mapper.map_document(record, doc)
+        if not self._children:
+            doc = self.transformer.apply(record, self._mapper.decode(record))
+            return self._mapper.map_document(record, doc)
+        doc, exploded = self.transformer.apply_exploding(record, self._mapper.decode(record))
+        row, key = self._mapper.map_document(record, doc)
+        family = FamilyRow(row)
+        family.families = tuple(None if found is None else child.rows(record, *found)
+                                for child, found in zip(self._children, exploded, strict=True))
+        return family, key
+
+
+class ChildMapper:
+    """Maps one ``explode`` step's child documents (:class:`~ingest.core.transforms.steps.ExplodeStep`)
+    into the child table's rows, and its parent link values into their columns' types."""
+
+    def __init__(self, index: int, label: str, explode: Any, columns: dict[str, Any]) -> None:
+        """``explode``: the step's ExplodeSettings; ``columns``: the child table's (with hidden ones)."""
+        self._where = f"transforms[{index}] ({label}): "
+        self._rows = Mapper(columns, None)
+        self._links = Mapper({name: columns[name] for name in explode.parent}, None)
+        names = list(columns)
+        self._key_index = tuple(names.index(k) for k in explode.conflict_key)
+
+    def rows(self, record: Record, links: dict[str, Any], docs: list[dict[str, Any]]) -> tuple[
+            tuple[Any, ...], list[tuple[Any, ...]]]:
+        """``(link, rows)`` of one record (see :class:`~ingest.types.FamilyRow`). Raises InvalidRecord
+        (stage ``transform``, class ``transform_error``) naming the element that fails or repeats a key."""
+        try:
+            link, _ = self._links.map_document(record, links)
+        except InvalidRecord as exc:
+            raise InvalidRecord("transform", "transform_error", f"{self._where}explode parent: {exc.message}") from None
+        rows, seen = [], {}
+        key_index = self._key_index
+        for position, doc in enumerate(docs):
+            try:
+                row, _ = self._rows.map_document(record, doc)
+            except InvalidRecord as exc:
+                raise InvalidRecord("transform", "transform_error",
+                                    f"{self._where}explode element {position}: {exc.message}") from None
+            key = tuple(row[i] for i in key_index)
+            if key in seen:
+                raise InvalidRecord("transform", "transform_error",
+                                    f"{self._where}explode elements {seen[key]} and {position} have one child "
+                                    f"key {[str(v)[:40] for v in key]}")
+            seen[key] = position
+            rows.append(row)
+        return link, rows
 
 
 class ChangeMapper:

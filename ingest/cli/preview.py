@@ -78,7 +78,16 @@ def preview(
                           ("skipped", report.skipped)):
         for entry in entries:
             typer.echo(f"{kind:<8} {_where(entry)} {_rest(kind, entry, report.table)}")
-    typer.echo(f"{len(report.rows)} rows for {report.table}, {len(report.filtered)} filtered, "
+    for table, entries in report.children.items():
+        for entry in entries:
+            if "row" in entry:
+                typer.echo(f"{'row':<8} {_where(entry)} {_rest('row', entry, table)}")
+            else:
+                typer.echo(f"{'replace':<8} {_where(entry)} {table}: the other children of "
+                           f"{orjson.dumps(entry['replaces_children_of'], default=str).decode()} are deleted")
+    children = "".join(f", {sum(1 for e in entries if 'row' in e)} rows for {table}"
+                       for table, entries in report.children.items())
+    typer.echo(f"{len(report.rows)} rows for {report.table}{children}, {len(report.filtered)} filtered, "
                f"{len(report.errors)} errors, {len(report.skipped)} without a row")
 
 

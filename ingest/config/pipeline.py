@@ -36,6 +36,7 @@ from ingest.config.base import (
 )
 from ingest.config.cdc import DeleteSettings
 from ingest.config.transforms import TransformStep
+from ingest.core.dialects import pg_base_type
 from ingest.core.avro_schema import parse_avro_text
 from ingest.core.collapse import CollapseRule
 
@@ -298,6 +299,51 @@ class PipelineSettings(Frozen):
         labels = [step.label(i) for i, step in enumerate(self.transforms)]
         if len(set(labels)) != len(labels):
             raise ValueError("transforms: two steps have one name")
+        return self
+
+    @property
+    def explode_steps(self) -> list[tuple[int, Any]]:
+        """``(index in transforms, ExplodeSettings)`` of every ``explode`` step, in order."""
+        return [(i, step.explode) for i, step in enumerate(self.transforms) if step.explode is not None]
+
+    def explode_columns(self, explode: Any) -> dict[str, Any]:
+        """The columns of an explode step's child table: its own, then the sink's hidden ``_ingest_*``
+        columns (where each row was last written from: the child rows carry their record's)."""
+        hidden = {name: spec for name, spec in self.sink.columns.items() if name.startswith("_ingest_")}
+        return {**explode.columns, **hidden}
+
+    @model_validator(mode="after")
+    def _explode(self) -> PipelineSettings:
+        """Exploded child rows are written in the parent's PostgreSQL transaction, replacing the
+        parent's children: that needs a parent table updated by key, in PostgreSQL, written by COPY,
+        without deletes or a version column (whose guard could skip a parent whose children would
+        still be replaced)."""
+        steps = self.explode_steps
+        if not steps:
+            return self
+        sink = self.sink
+        if sink.kind != "postgres":
+            raise ValueError("transforms: explode writes child rows in the parent's transaction: it needs "
+                             "sink.kind postgres")
+        if getattr(sink, "on_conflict", None) != "update":
+            raise ValueError("transforms: explode needs sink.on_conflict update (children follow their parent row)")
+        if getattr(sink, "version_column", None) is not None:
+            raise ValueError("transforms: explode does not combine with sink.version_column yet")
+        if getattr(sink, "write_method", "copy") != "copy":
+            raise ValueError("transforms: explode needs sink.write_method copy (child rows are staged)")
+        if self.has_deletes:
+            raise ValueError("transforms: explode does not combine with deletes (envelope, tombstones delete) yet")
+        tables = [e.table for _, e in steps]
+        for i, e in steps:
+            if e.table == sink.table:
+                raise ValueError(f"transforms[{i}].explode.table: {e.table!r} is the sink's own table")
+            if tables.count(e.table) > 1:
+                raise ValueError(f"transforms[{i}].explode.table: two explode steps write {e.table!r}")
+            for name, spec in e.columns.items():
+                try:
+                    pg_base_type(spec.type)
+                except ValueError as exc:
+                    raise ValueError(f"transforms[{i}].explode.columns.{name}: {exc}") from None
         return self
 
     @property

@@ -1,7 +1,7 @@
 """The settings of a pipeline's ``transforms:`` list: what each step is, checked for shape only.
 
 Each entry of ``transforms`` is one step, a mapping with exactly one of the step keys
-(``filter``, ``set``, ``drop``, ``rename``, ``flatten``, ``timestamp``) plus the optional ``when``
+(``filter``, ``set``, ``drop``, ``rename``, ``flatten``, ``timestamp``, ``explode``) plus the optional ``when``
 (a CEL predicate: the step applies only to the records where it holds) and ``name`` (the step's
 label in metrics and DLQ messages; default ``<index>-<kind>``).
 
@@ -20,10 +20,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ingest.config.base import Frozen
+from ingest.config.base import ColumnSpec, Frozen, check_identifier
 
 #: The step kinds, in the order the README lists them.
-STEP_KINDS = ("filter", "set", "drop", "rename", "flatten", "timestamp")
+STEP_KINDS = ("filter", "set", "drop", "rename", "flatten", "timestamp", "explode")
 #: A field a step writes or names: a top-level key of the record value (no dots: nested fields are
 #: reached by ``flatten`` first, or read by CEL expressions).
 _FIELD_RE = re.compile(r"^[^.\s][^.]*$")
@@ -87,6 +87,75 @@ class TimestampSettings(Frozen):
         return self
 
 
+class ExplodeSettings(Frozen):
+    """``explode``: each element of the array at ``path`` becomes a row of the child table ``table``,
+    written in the same transaction as the record's own row (see ``ingest.sinks.postgres.children``).
+
+    A child row's columns read the element (``$.FIELD``; an element that is not an object is seen as
+    ``{"value": element}``) and the record's metadata; the ``parent`` columns get CEL expressions over
+    the record value as this step sees it (the link to the parent), ``index_as`` the element's position.
+    """
+
+    #: The array: a top-level field, or a dotted path into nested objects (``order.items``).
+    path: str = Field(min_length=1, max_length=256)
+    #: The child table (in the sink's schema); quoted as an identifier.
+    table: str
+    #: The child table's columns, with their types, as ``sink.columns`` (a ``parent`` or ``index_as``
+    #: column takes its value from there: give it no ``source``).
+    columns: dict[str, ColumnSpec] = Field(min_length=1)
+    #: The child table's key: one row per key (a record whose elements repeat a key is poison).
+    conflict_key: list[str] = Field(min_length=1)
+    #: ``column: CEL expression`` over the parent: the columns that tie a child row to its parent.
+    parent: dict[str, str] = Field(min_length=1)
+    #: A column that gets the element's position in the array (``index_start`` for the first).
+    index_as: str | None = None
+    index_start: int = Field(default=0, ge=0, le=1)
+    #: The parent's children are replaced: children of a written parent that are no longer in its array
+    #: are deleted in the same transaction, so the child table always equals the latest parent.
+    replace: bool = True
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, value: str) -> str:
+        return check_identifier(value)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if any(not _FIELD_RE.match(part) for part in value.split(".")) or value.endswith("."):
+            raise ValueError(f"invalid path {value!r}: field names joined by dots (order.items)")
+        return value
+
+    @field_validator("parent")
+    @classmethod
+    def _parent(cls, value: dict[str, str]) -> dict[str, str]:
+        for column, text in value.items():
+            if not text.strip():
+                raise ValueError(f"parent.{column}: empty expression")
+        return value
+
+    @model_validator(mode="after")
+    def _columns(self) -> ExplodeSettings:
+        names = self.columns
+        for label, wanted in (("conflict_key", self.conflict_key), ("parent", list(self.parent)),
+                              ("index_as", [self.index_as] if self.index_as else [])):
+            missing = [c for c in wanted if c not in names]
+            if missing:
+                raise ValueError(f"{label} {missing} not among columns {list(names)}")
+        if len(set(self.conflict_key)) != len(self.conflict_key):
+            raise ValueError("conflict_key lists a column twice")
+        if self.index_as is not None and self.index_as in self.parent:
+            raise ValueError(f"index_as {self.index_as!r} is also a parent column")
+        for name in [*self.parent, *([self.index_as] if self.index_as else [])]:
+            source = names[name].source
+            if source is not None and source != f"$.{name}":
+                raise ValueError(f"column {name!r} takes its value from parent/index_as: give it no source")
+        for name in names:
+            if name.startswith("_ingest_"):
+                raise ValueError(f"column {name!r}: names starting with '_ingest_' are reserved for ingest")
+        return self
+
+
 class TransformStep(Frozen):
     """One step of ``transforms:`` (see the module docstring): exactly one step key, plus ``when``/``name``."""
 
@@ -101,6 +170,7 @@ class TransformStep(Frozen):
     rename: dict[str, str] | None = Field(default=None, min_length=1)
     flatten: FlattenSettings | None = None
     timestamp: TimestampSettings | None = None
+    explode: ExplodeSettings | None = None
     #: CEL predicate: the step applies only where it holds (elsewhere the record passes unchanged).
     when: str | None = Field(default=None, min_length=1)
     #: The step's label (metrics, DLQ messages, the run summary); default ``<index>-<kind>``.
@@ -164,10 +234,13 @@ class TransformStep(Frozen):
         return self.name or f"{index}-{self.kind}"
 
     def expressions(self) -> list[tuple[str, str]]:
-        """``(path below the step, CEL text)`` of every expression: ``when``, ``filter``, ``set.FIELD``."""
+        """``(path below the step, CEL text)`` of every expression: ``when``, ``filter``, ``set.FIELD``,
+    ``explode.parent.COLUMN``."""
         out = [("when", self.when)] if self.when is not None else []
         if self.filter is not None:
             out.append(("filter", self.filter))
         if self.set is not None:
             out += [(f"set.{field}", text) for field, text in self.set.items()]
+        if self.explode is not None:
+            out += [(f"explode.parent.{column}", text) for column, text in self.explode.parent.items()]
         return out

@@ -36,18 +36,25 @@ class Transformer:
     thread-safe; the per-record state lives in a :class:`~.steps.Context`).
     """
 
-    __slots__ = ("steps", "_names")
+    __slots__ = ("steps", "_names", "explode_steps")
 
     def __init__(self, steps: Sequence[S.Step], expressions: Sequence[str] = ()) -> None:
         """``expressions``: the CEL texts of the steps (which metadata variables to build)."""
         self.steps = tuple(steps)
         self._names = variables_read(list(expressions)) - {"value"}
+        #: how many ``explode`` steps there are (:meth:`apply_exploding` returns one slot per step)
+        self.explode_steps = sum(1 for step in self.steps if step.kind == "explode")
 
     @property
     def labels(self) -> tuple[str, ...]:
         return tuple(step.label for step in self.steps)
 
     def apply(self, record: Record, doc: Any, *, shape_only: bool = False) -> dict[str, Any]:
+        """The record's value after every step; see :meth:`apply_exploding` (whose children it drops)."""
+        return self.apply_exploding(record, doc, shape_only=shape_only)[0]
+
+    def apply_exploding(self, record: Record, doc: Any, *, shape_only: bool = False) -> tuple[
+            dict[str, Any], list[tuple[dict[str, Any], list[dict[str, Any]]] | None]]:
         """The record's value after every step (``doc`` itself is never changed). ``shape_only``: only
         the steps that move fields (``rename``, ``flatten``, ``drop``), for a delete's ``before`` image,
         which often holds the key alone: its key columns are found where the upserts' are.
@@ -60,7 +67,7 @@ class Transformer:
         if type(doc) is not dict:
             raise InvalidRecord("transform", "transform_error",
                                 f"transforms need the record value to be an object, got {type(doc).__name__}")
-        ctx = S.Context(record, self._names)
+        ctx = S.Context(record, self._names, self.explode_steps)
         step: S.Step | None = None
         try:
             for step in self.steps:
@@ -82,11 +89,11 @@ class Transformer:
         except Exception as exc:  # noqa: BLE001 - defensive: a record never crashes the pipeline
             raise InvalidRecord("transform", "transform_error",
                                 _where(step) + f"internal error {type(exc).__name__}: {exc}"[:300]) from None
-        return doc
+        return doc, ctx.exploded
 
 
 #: the steps a delete's ``before`` image skips (see :meth:`Transformer.apply`)
-_VALUE_STEPS = frozenset(("filter", "set", "timestamp"))
+_VALUE_STEPS = frozenset(("filter", "set", "timestamp", "explode"))
 
 
 def _where(step: S.Step | None) -> str:
@@ -152,6 +159,11 @@ def compile_transforms(steps: Sequence[Any], where: str) -> Transformer | None:
             t = step.timestamp
             compiled.append(S.TimestampStep(index, label, when, t.field, t.into or t.field,
                                             parser(t.format, t.pattern, t.timezone)))
+        elif kind == "explode":
+            e = step.explode
+            links = [(column, program(f"explode.parent.{column}", text)) for column, text in e.parent.items()]
+            slot = sum(1 for done in compiled if done.kind == "explode")
+            compiled.append(S.ExplodeStep(index, label, when, slot, e.path, links, e.index_as, e.index_start))
         else:  # pragma: no cover - the settings allow no other kind
             raise ConfigError(f"{path}: unknown step kind {kind!r}")
     return Transformer(compiled, [text for step in steps for _, text in step.expressions()])

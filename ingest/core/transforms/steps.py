@@ -25,14 +25,17 @@ class StepError(Exception):
 class Context:
     """One record's evaluation context: the CEL variables, built once per value the steps see."""
 
-    __slots__ = ("record", "_names", "_doc", "_variables")
+    __slots__ = ("record", "_names", "_doc", "_variables", "exploded")
 
-    def __init__(self, record: Record, names: frozenset[str]) -> None:
-        """``names``: the variables the pipeline's expressions read (:func:`~.cel.variables_read`)."""
+    def __init__(self, record: Record, names: frozenset[str], explode_steps: int = 0) -> None:
+        """``names``: the variables the pipeline's expressions read (:func:`~.cel.variables_read`).
+        ``explode_steps``: how many ``explode`` steps the pipeline has (slots of :attr:`exploded`)."""
         self.record = record
         self._names = names
         self._doc: Any = None
         self._variables: Any = None
+        #: per explode step (in order): ``(parent link values, child documents)`` where it applied, else None
+        self.exploded: list[tuple[dict[str, Any], list[dict[str, Any]]] | None] = [None] * explode_steps
 
     def variables(self, doc: dict[str, Any]) -> Any:
         """The CEL variables with ``value`` = ``doc`` (rebuilt only when a step made a new value)."""
@@ -214,3 +217,51 @@ class TimestampStep(Step):
         except ValueError as exc:
             raise StepError(f"timestamp {field!r}: {exc}") from None
         return out
+
+
+class ExplodeStep(Step):
+    """Takes the array at ``path`` apart into child documents, one per element, and keeps them in the
+    record's :class:`Context` (slot ``slot``); the value passes on unchanged.
+
+    A child document is the element's fields (an element that is not an object: ``{"value": element}``)
+    plus the ``parent`` columns (CEL over the value as this step sees it; they win over an element's
+    field of the same name) and the ``index_as`` column (the element's position from ``index_start``).
+    A missing or null array, or one that is not an array, fails the record: with ``replace`` an
+    absent array would delete the parent's children, so only an empty array (``[]``) means "none".
+    """
+
+    __slots__ = ("slot", "path", "links", "index_as", "index_start")
+
+    def __init__(self, index: int, label: str, when: Program | None, slot: int, path: str,
+                 links: list[tuple[str, Program]], index_as: str | None, index_start: int) -> None:
+        super().__init__(index, label, "explode", when)
+        self.slot, self.path, self.links = slot, tuple(path.split(".")), links
+        self.index_as, self.index_start = index_as, index_start
+
+    def apply(self, doc: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        node: Any = doc
+        for part in self.path:
+            node = node.get(part) if type(node) is dict else None
+        shown = ".".join(self.path)
+        if node is None:
+            raise StepError(f"explode: field {shown!r} is missing or null (an empty array is [])")
+        if type(node) is not list:
+            raise StepError(f"explode: field {shown!r} is not an array, got {type(node).__name__}")
+        variables = ctx.variables(doc)
+        links: dict[str, Any] = {}
+        for column, program in self.links:
+            try:
+                links[column] = evaluate(program, variables)
+            except EvalError as exc:
+                raise StepError(f"explode.parent.{column}: {exc}") from None
+        children = []
+        index_as, position = self.index_as, self.index_start
+        for element in node:
+            child = dict(element) if type(element) is dict else {"value": element}
+            child.update(links)
+            if index_as is not None:
+                child[index_as] = position
+            position += 1
+            children.append(child)
+        ctx.exploded[self.slot] = (links, children)
+        return doc

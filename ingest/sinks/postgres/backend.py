@@ -6,6 +6,7 @@ from ingest.config import PipelineSettings
 from ingest.dlq.base import DeadLetterQueue
 from ingest.dlq.postgres import PostgresDlq
 from ingest.sinks.base import Capabilities, ExactlyOnceFn
+from ingest.sinks.postgres.children import ChildTable
 from ingest.sinks.postgres.exactly_once import ExactlyOnceWriter, StoredOffsets
 from ingest.sinks.postgres.schema import migrate_postgres
 from ingest.sinks.postgres.settings import PostgresSinkSettings
@@ -17,8 +18,10 @@ class PostgresBackend:
     capabilities = Capabilities(transactions=True, exactly_once=True, row_sources=True, deletes=True, columnar=True)
 
     def build(self, pipeline: PipelineSettings, *, lanes: int) -> PostgresSink:
-        return PostgresSink(self._settings(pipeline), pool_size=lanes + 1, name=f"{pipeline.name}-sink",
-                            deletes=pipeline.deletes if pipeline.has_deletes else None)
+        cfg = self._settings(pipeline)
+        children = [ChildTable(slot, cfg, explode) for slot, (_, explode) in enumerate(pipeline.explode_steps)]
+        return PostgresSink(cfg, pool_size=lanes + 1, name=f"{pipeline.name}-sink",
+                            deletes=pipeline.deletes if pipeline.has_deletes else None, children=children)
 
     def migrate(self, pipeline: PipelineSettings) -> list[str]:
         return migrate_postgres(pipeline)

@@ -19,6 +19,7 @@ from ingest.config import PipelineSettings
 from ingest.core.dialects import pg_base_type
 from ingest.drivers.postgres import classify, connect, execute_ddl, load_sql
 from ingest.errors import ConfigError, MigrationError
+from ingest.sinks.postgres.children import child_settings
 from ingest.sinks.postgres.exactly_once import LANE_OFFSETS_TABLE, OFFSETS_TABLE
 from ingest.sinks.postgres.settings import SOURCE_COLUMNS, PostgresSinkSettings
 from ingest.sinks.postgres.statements import DeleteStatements, tombstone_table_name
@@ -88,6 +89,10 @@ def migrate_postgres(p: PipelineSettings) -> list[str]:
     what = f"postgres sink of pipeline {p.name!r}"
     ddl = sink_table_sql(cfg) + [offsets_table_sql(cfg.db_schema)]
     made = []
+    for _, explode in p.explode_steps:  # child tables of explode steps
+        child = child_settings(cfg, explode)
+        ddl += sink_table_sql(child)
+        made.append(f"{p.name}: table {child.db_schema}.{child.table} (exploded from {explode.path})")
     if p.has_deletes:
         d = DeleteStatements(cfg, p.deletes)
         ddl.append(d.create_tombstones)

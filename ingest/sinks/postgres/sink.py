@@ -34,6 +34,7 @@ from ingest.config.cdc import DeleteSettings
 from ingest.drivers.postgres import check_dsn, make_pool, pooled, translate
 from ingest.sinks.base import InTransaction, RowSource
 from ingest.errors import PermanentError
+from ingest.sinks.postgres.children import ChildTable
 from ingest.sinks.postgres.columnar import ColumnarStatements, csv_bytes
 from ingest.sinks.postgres.settings import PostgresSinkSettings
 from ingest.sinks.postgres.statements import (
@@ -62,12 +63,20 @@ class PostgresSink:
     dedup_tokens = False
 
     def __init__(self, cfg: PostgresSinkSettings, *, pool_size: int, name: str = "sink",
-                 deletes: DeleteSettings | None = None) -> None:
+                 deletes: DeleteSettings | None = None, children: Sequence[ChildTable] = ()) -> None:
         """``deletes``: the pipeline's records can delete (:class:`~ingest.types.DeleteRow` rows; see
-        :class:`~ingest.sinks.postgres.statements.DeleteStatements`)."""
+        :class:`~ingest.sinks.postgres.statements.DeleteStatements`). ``children``: the child tables of
+        the pipeline's ``explode`` steps (:mod:`.children`), written in each batch's transaction."""
         self._cfg = cfg
+        self._children = tuple(children)
+        #: child rows written (explode steps), for the run summary and tests
+        self.child_rows_written = 0
         self._deletes = DeleteStatements(cfg, deletes) if deletes is not None else None
         self._sql = UpsertStatements(cfg, self._deletes)
+        names = list(cfg.columns)
+        self._key_index = tuple(names.index(k) for k in cfg.conflict_key)
+        self._returning_keys = sql.SQL("{} RETURNING {}").format(
+            self._sql.insert_from_stage, sql.SQL(", ").join(sql.Identifier(k) for k in cfg.conflict_key))
         self._expired_at = 0.0  # monotonic time of the last tombstone expiry
         self._pool_size = max(1, cfg.pool_size or pool_size)
         self._name = name
@@ -86,6 +95,8 @@ class PostgresSink:
         )
         if self._cfg.write_method == "copy":
             conn.execute(self._sql.create_stage)
+        for child in self._children:
+            conn.execute(child.sql.create_stage)
         if self._columnar is not None:
             conn.execute(self._columnar.create_stage)
 
@@ -163,6 +174,8 @@ class PostgresSink:
         not this table's columns or the table is written by rows (deletes, a version column)."""
         if self._deletes is not None:
             raise ValueError("a table whose records delete is written by rows")
+        if self._children:
+            raise ValueError("a table with exploded child rows is written by rows")
         if self._cfg.version_column is not None:
             raise ValueError("a version column's conditional upsert is written by rows")
         self._columnar = ColumnarStatements(self._cfg, columns)
@@ -235,8 +248,18 @@ class PostgresSink:
                 with cur.copy(self._sql.copy_stage) as copy:
                     copy.set_types(self._sql.copy_types)
                     self._copy_rows(copy, rows)
-                cur.execute(self._sql.insert_from_stage)
-                self.statements += 2
+                if not self._children:
+                    cur.execute(self._sql.insert_from_stage)
+                    self.statements += 2
+                    return
+                # Children follow only the parents the upsert applied (its guard may skip a late writer's).
+                cur.execute(self._returning_keys)
+                applied = set(cur.fetchall())
+                key_index = self._key_index
+                parents = [row for row in rows if tuple(row[i] for i in key_index) in applied]
+                for child in self._children:  # in the parents' transaction (module .children)
+                    self.child_rows_written += child.write(cur, parents)
+                self.statements += 2 + 2 * len(self._children)
             else:
                 # One transaction, as many statements as the 65,535 bind parameters of the protocol need.
                 per_statement = max(1, MAX_PARAMETERS // len(self._sql.columns))
