@@ -120,6 +120,8 @@ class ChildMapper:
         self._where = f"transforms[{index}] ({label}): "
         self._rows = Mapper(columns, None)
         self._links = Mapper({name: columns[name] for name in explode.parent}, None)
+        #: the child table's column names, in row order (the hidden ones last)
+        self.column_names = list(columns)
         names = list(columns)
         self._key_index = tuple(names.index(k) for k in explode.conflict_key)
 

@@ -170,6 +170,17 @@ class SinkSettingsBase(Frozen):
         """How this sink collapses a batch's records of one row (:mod:`ingest.core.collapse`)."""
         raise NotImplementedError(f"sink kind {self.kind!r} must define collapse_rule()")
 
+    def explode_refusal(self) -> str | None:
+        """Why this sink's pipelines cannot have ``explode`` steps (child tables written with the
+        parent), or None when they can. Default: a sink kind that does not say it can, cannot."""
+        return f"sink kind {self.kind!r} writes no child tables"
+
+    def child_table(self, table: str, columns: dict[str, ColumnSpec], key: list[str]) -> SinkSettingsBase:
+        """The settings of an ``explode`` step's child table beside this sink's: the same database and
+        connection settings; ``table``, ``columns`` (this kind's column specs, plus the hidden columns the
+        kind adds) and ``key``. Raises ValueError for columns this kind refuses."""
+        raise NotImplementedError(f"sink kind {self.kind!r} writes no child tables")
+
     @property
     def exactly_once(self) -> bool:
         """Offsets are stored with the rows (the sink's backend declares the capability)."""

@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     SecretStr,
     SerializeAsAny,
+    ValidationError,
     field_serializer,
     field_validator,
     model_validator,
@@ -36,7 +37,6 @@ from ingest.config.base import (
 )
 from ingest.config.cdc import DeleteSettings
 from ingest.config.transforms import TransformStep
-from ingest.core.dialects import pg_base_type
 from ingest.core.avro_schema import parse_avro_text
 from ingest.core.collapse import CollapseRule
 
@@ -306,44 +306,41 @@ class PipelineSettings(Frozen):
         """``(index in transforms, ExplodeSettings)`` of every ``explode`` step, in order."""
         return [(i, step.explode) for i, step in enumerate(self.transforms) if step.explode is not None]
 
+    def explode_sink(self, explode: Any) -> Any:
+        """The sink settings of an explode step's child table (:meth:`SinkSettingsBase.child_table`)."""
+        return self.sink.child_table(explode.table, dict(explode.columns), list(explode.conflict_key))
+
     def explode_columns(self, explode: Any) -> dict[str, Any]:
-        """The columns of an explode step's child table: its own, then the sink's hidden ``_ingest_*``
-        columns (where each row was last written from: the child rows carry their record's)."""
-        hidden = {name: spec for name, spec in self.sink.columns.items() if name.startswith("_ingest_")}
-        return {**explode.columns, **hidden}
+        """The columns of an explode step's child table, in row order: its own, then the hidden ones
+        the sink kind adds (where each row was last written from, or its version)."""
+        return dict(self.explode_sink(explode).columns)
 
     @model_validator(mode="after")
     def _explode(self) -> PipelineSettings:
-        """Exploded child rows are written in the parent's PostgreSQL transaction, replacing the
-        parent's children: that needs a parent table updated by key, in PostgreSQL, written by COPY,
-        without deletes or a version column (whose guard could skip a parent whose children would
-        still be replaced)."""
+        """Exploded child rows are written with their parent and replace the parent's children: that
+        needs a sink kind that writes child tables (PostgreSQL, ClickHouse) and a parent table updated
+        by key, without deletes or a version column (whose guard could skip a parent whose children
+        would still be replaced); the child tables' columns must be valid for the sink."""
         steps = self.explode_steps
         if not steps:
             return self
-        sink = self.sink
-        if sink.kind != "postgres":
-            raise ValueError("transforms: explode writes child rows in the parent's transaction: it needs "
-                             "sink.kind postgres")
-        if getattr(sink, "on_conflict", None) != "update":
-            raise ValueError("transforms: explode needs sink.on_conflict update (children follow their parent row)")
-        if getattr(sink, "version_column", None) is not None:
-            raise ValueError("transforms: explode does not combine with sink.version_column yet")
-        if getattr(sink, "write_method", "copy") != "copy":
-            raise ValueError("transforms: explode needs sink.write_method copy (child rows are staged)")
+        refusal = self.sink.explode_refusal()
+        if refusal is not None:
+            raise ValueError(f"transforms: {refusal}")
         if self.has_deletes:
             raise ValueError("transforms: explode does not combine with deletes (envelope, tombstones delete) yet")
         tables = [e.table for _, e in steps]
         for i, e in steps:
-            if e.table == sink.table:
+            if e.table == self.sink.table:
                 raise ValueError(f"transforms[{i}].explode.table: {e.table!r} is the sink's own table")
             if tables.count(e.table) > 1:
                 raise ValueError(f"transforms[{i}].explode.table: two explode steps write {e.table!r}")
-            for name, spec in e.columns.items():
-                try:
-                    pg_base_type(spec.type)
-                except ValueError as exc:
-                    raise ValueError(f"transforms[{i}].explode.columns.{name}: {exc}") from None
+            try:
+                self.explode_sink(e)
+            except ValidationError as exc:
+                problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
+                                     for err in exc.errors())
+                raise ValueError(f"transforms[{i}].explode: {problems}") from None
         return self
 
     @property

@@ -197,6 +197,50 @@ def test_replace_keeps_the_child_table_equal_to_the_latest_parent(pg_dsn: str) -
         w.sink.close()
 
 
+# --------------------------------------------------------------------------- ClickHouse (chDB)
+
+
+def ch_pipeline(url: str, **overrides: Any) -> dict[str, Any]:
+    step = explode_step(**overrides)
+    step["explode"]["columns"] = {"order_id": {"type": "Int64"}, "line_no": {"type": "Int32"},
+                                  "sku": {"type": "String"}, "qty": {"type": "Int32"}}
+    return {"name": PIPELINE, "topics": ["orders-topic"], "dlq": {"kind": "kafka", "topic": "orders-dlq"},
+            "transforms": [{"set": {"n_items": "size(value.items)"}}, step],
+            "sink": {"kind": "clickhouse", "url": url, "database": "shop", "table": ORDERS, "order_by": ["id"],
+                     "columns": {"id": {"type": "Int64"}, "total": {"type": "Decimal(12, 2)"},
+                                 "n_items": {"type": "Int32"}}}}
+
+
+def ch_items(client: Any) -> dict[int, list[tuple[int, str, int]]]:
+    out: dict[int, list[tuple[int, str, int]]] = {}
+    for order_id, line, sku, qty in client.query(
+            f"SELECT order_id, line_no, sku, qty FROM shop.`{ITEMS}` FINAL ORDER BY 1, 2").result_rows:
+        out.setdefault(order_id, []).append((line, sku, qty))
+    return out
+
+
+def test_clickhouse_children_follow_the_latest_parent_marking_the_removed_ones(chdb: Any) -> None:
+    w = Writer(PipelineSettings.model_validate(ch_pipeline(chdb.url)))
+    client = chdb.client()
+    try:
+        w.write((0, 1, order(1, ("a", 1), ("b", 2), ("c", 3))), (0, 2, order(2, ("x", 9))))
+        assert ch_items(client) == {1: [(1, "a", 1), (2, "b", 2), (3, "c", 3)], 2: [(1, "x", 9)]}
+        w.write((0, 3, order(1, ("a", 5), ("c", 3))))  # one item removed, one changed
+        assert ch_items(client)[1] == [(1, "a", 5), (2, "c", 3)]
+        w.write((0, 4, order(1)))  # an empty array: every child of order 1 marked deleted
+        assert ch_items(client) == {2: [(1, "x", 9)]}
+        # a late writer (an older offset of the partition) adds and removes no child
+        w.write((0, 0, order(2, ("old", 1), ("older", 2))))
+        assert ch_items(client) == {2: [(1, "x", 9)]}
+        assert client.query(f"SELECT id, n_items FROM shop.{ORDERS} FINAL ORDER BY id").result_rows == [(1, 0), (2, 1)]
+        engine = client.query(f"SELECT engine_full FROM system.tables WHERE database = 'shop' AND name = '{ITEMS}'"
+                              ).result_rows[0][0]
+        assert "ReplacingMergeTree(_version, _ingest_deleted)" in engine
+    finally:
+        w.sink.close()
+        chdb.close()
+
+
 # --------------------------------------------------------------------------- end to end, with kills
 
 
@@ -283,3 +327,34 @@ def test_orders_and_items_equal_the_latest_orders_after_sigkills(kafka_bootstrap
         assert d["error_message"].startswith(step), d["error_message"]
     assert sum(assert_committed_at_log_end(kafka_bootstrap, group_id, topic).values()) == len(docs)
     assert read_summary(summary)["pipelines"][PIPELINE]["records_consumed"] > 0
+
+
+def test_clickhouse_orders_and_items_equal_the_latest_orders(kafka_bootstrap, pg_dsn, new_topic, group_id, chdb,
+                                                            tmp_path: Path) -> None:
+    """The same stream through ``python -m ingest`` into chDB: each table ``FINAL`` equals the model."""
+    topic = new_topic(3)
+    docs = stream(7, n_orders=150, n_records=3_000)
+    pipe = ch_pipeline(chdb.url) | {"topics": [topic], "group_id": group_id, "lanes": 2, "commit_interval_ms": 200,
+                                    "batch": {"max_rows": 100, "max_latency_ms": 100},
+                                    "dlq": {"kind": "postgres", "dsn": pg_dsn}}
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                               "client": dict(TEST_CONSUMER_SETTINGS)}, "pipelines": [pipe]})
+    assert produce(kafka_bootstrap, topic, [(str(d["id"]).encode(), json.dumps(d).encode()) for d in docs]) == len(docs)
+    chdb.close()  # the ingest subprocess owns the chDB path while it runs
+    assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
+    res = run_ingest(["run", "--config", config, "--until-idle", "3", "--metrics-port", "0"], timeout_s=180,
+                     log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    want_orders, want_items = model(docs)
+    client = chdb.client()
+    try:
+        got_orders = {r[0]: (r[1], r[2]) for r in client.query(
+            f"SELECT id, total, n_items FROM shop.{ORDERS} FINAL").result_rows}
+        got_items = ch_items(client)
+    finally:
+        chdb.close()
+    assert got_orders == want_orders
+    assert got_items == want_items
+    assert sorted({json.loads(d["value"])["seq"] for d in dlq_rows(pg_dsn)}) == sorted(
+        d["seq"] for d in docs if is_poison(d))
+    assert sum(assert_committed_at_log_end(kafka_bootstrap, group_id, topic).values()) == len(docs)

@@ -6,6 +6,7 @@ from ingest.config import PipelineSettings
 from ingest.dlq.base import DeadLetterQueue
 from ingest.errors import ConfigError
 from ingest.sinks.base import Capabilities, ExactlyOnceFn
+from ingest.sinks.clickhouse.children import ChildTable
 from ingest.sinks.clickhouse.schema import migrate_clickhouse
 from ingest.sinks.clickhouse.settings import ClickHouseSinkSettings
 from ingest.sinks.clickhouse.sink import ClickHouseSink, redact_url
@@ -18,7 +19,9 @@ class ClickHouseBackend:
     capabilities = Capabilities(insert_tokens=True, deletes=True, columnar=True)
 
     def build(self, pipeline: PipelineSettings, *, lanes: int) -> ClickHouseSink:
-        return ClickHouseSink(self._settings(pipeline), pipeline=pipeline.name, deletes=pipeline.has_deletes)
+        cfg = self._settings(pipeline)
+        children = [ChildTable(slot, cfg, explode) for slot, (_, explode) in enumerate(pipeline.explode_steps)]
+        return ClickHouseSink(cfg, pipeline=pipeline.name, deletes=pipeline.has_deletes, children=children)
 
     def migrate(self, pipeline: PipelineSettings) -> list[str]:
         return migrate_clickhouse(pipeline)

@@ -101,11 +101,14 @@ def migrate_clickhouse(p: PipelineSettings, *, client_factory: ClientFactory | N
         except IngestError as exc:
             raise ServiceUnreachable(what, str(exc)) from None
         try:
-            if p.has_deletes:
+            if p.has_deletes or p.explode_steps:
                 _check_deletes_supported(client, p)
             for stmt in create_table_sql(cfg, p.has_deletes):
                 client.command(stmt)
             _verify_table(client, p, cfg)
+            for _, explode in p.explode_steps:  # child tables: replaced children are marked deleted
+                for stmt in create_table_sql(p.explode_sink(explode), True):
+                    client.command(stmt)
         except ConfigError:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -117,5 +120,7 @@ def migrate_clickhouse(p: PipelineSettings, *, client_factory: ClientFactory | N
         sink.close()
     engine = "ReplicatedReplacingMergeTree" if cfg.cluster else "ReplacingMergeTree"
     version = f"{cfg.version_column}, {DELETED_COLUMN}" if p.has_deletes else cfg.version_column
+    children = [f"{p.name}: table {cfg.database}.{e.table} ({engine}(_version, {DELETED_COLUMN}) ORDER BY "
+                f"({', '.join(e.conflict_key)}); exploded from {e.path})" for _, e in p.explode_steps]
     return [f"{p.name}: table {cfg.database}.{cfg.table} ({engine}({version}) "
-            f"ORDER BY ({', '.join(cfg.order_by)}))"]
+            f"ORDER BY ({', '.join(cfg.order_by)}))", *children]

@@ -131,6 +131,19 @@ class ClickHouseSinkSettings(SinkSettingsBase):
         if DELETED_COLUMN in self.columns:
             raise ValueError(f"column {DELETED_COLUMN!r} is managed by ingest: do not list it among the columns")
 
+    def explode_refusal(self) -> str | None:
+        if self.version_column != CH_DEFAULT_VERSION_COLUMN:
+            return "explode does not combine with sink.version_column yet (children are versioned by offset)"
+        return None
+
+    def child_table(self, table: str, columns: dict[str, Any], key: list[str]) -> ClickHouseSinkSettings:
+        """See :meth:`SinkSettingsBase.child_table`: ordered by ``key``, versioned by offset (the
+        hidden ``_version``), in this sink's database."""
+        base = self.model_dump(by_alias=True, exclude={"table", "columns", "order_by", "version_column"})
+        return ClickHouseSinkSettings.model_validate({
+            **base, "password": self.password, "table": table, "order_by": list(key),
+            "columns": {name: spec.model_dump(exclude_none=True) for name, spec in columns.items()}})
+
     def delete_filler(self) -> list[Any]:
         """A delete row's other columns: each type's zero value (non-Nullable columns cannot hold NULL;
         FINAL hides the row anyway)."""

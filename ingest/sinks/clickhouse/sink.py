@@ -70,6 +70,7 @@ from ingest.sinks.base import InTransaction
 from ingest.sinks.clickhouse.arrow import ArrowEncoder, ColumnarConverter
 from ingest.sinks.clickhouse.errors import classify
 from ingest.sinks.clickhouse.settings import DELETED_COLUMN, ClickHouseSinkSettings
+from ingest.sinks.clickhouse.children import ChildTable
 from ingest.types import DeleteRow
 
 log = logging.getLogger(__name__)
@@ -175,10 +176,13 @@ class ClickHouseSink:
     """
 
     def __init__(self, cfg: ClickHouseSinkSettings, *, pipeline: str,
-                 client_factory: ClientFactory | None = None, deletes: bool = False) -> None:
+                 client_factory: ClientFactory | None = None, deletes: bool = False,
+                 children: Sequence[ChildTable] = ()) -> None:
         """``deletes``: the pipeline's records can delete: each row gets the hidden ``_ingest_deleted``
-        column (1 for a :class:`~ingest.types.DeleteRow`)."""
+        column (1 for a :class:`~ingest.types.DeleteRow`). ``children``: the child tables of the
+        pipeline's ``explode`` steps (:mod:`.children`), inserted before each batch's parent rows."""
         self._cfg = cfg
+        self._children = tuple(children)
         self._pipeline = pipeline
         self._factory = client_factory
         self._deletes = deletes
@@ -199,6 +203,8 @@ class ClickHouseSink:
         #: inserts sent, and how many of them as Arrow (for tests and metrics)
         self.inserts = 0
         self.arrow_inserts = 0
+        #: child rows (and delete markers) inserted for explode steps
+        self.child_rows_written = 0
         if client_factory is None and not self._chdb:
             try:
                 version = server_version_http(cfg, timeout_s=min(3.0, cfg.connect_timeout_s))
@@ -329,6 +335,8 @@ class ClickHouseSink:
             return
         with self._classified():
             client = self.client()
+            for child in self._children:  # before the parents (module .children)
+                self._insert_children(client, child, rows, token)
             data = list(zip(*rows))
             if self._deletes:
                 data.append([1 if isinstance(row, DeleteRow) else 0 for row in rows])
@@ -345,12 +353,32 @@ class ClickHouseSink:
             self.inserts += 1
             self.arrow_inserts += table is not None
 
+    def _insert_children(self, client: Any, child: ChildTable, rows: Sequence[tuple[Any, ...]],
+                         token: str | None) -> None:
+        """One insert of ``child``'s rows for the batch's parents (new children and delete markers)."""
+        def query(text: str, parameters: dict[str, Any]) -> list[tuple[Any, ...]]:
+            with self._call_lock():
+                return list(client.query(text, parameters=parameters).result_rows)
+
+        out = child.rows(query, rows)
+        if not out:
+            return
+        cfg = child.settings
+        settings = self._insert_settings(None if token is None else f"{token}-{cfg.table}")
+        with self._call_lock():
+            client.insert(cfg.table, list(zip(*out)), column_names=child.columns, column_type_names=child.types,
+                          database=cfg.database, column_oriented=True, settings=settings)
+        self.inserts += 1
+        self.child_rows_written += len(out)
+
     def use_columnar(self, columns: Sequence[StagedColumn]) -> None:
         """Prepare :meth:`write_columns` for a columnar plan's columns. Raises ValueError, saying why,
         when the table is written by rows: other columns, deletes, ``insert_format: native``, a
         column type with no Arrow counterpart (see :mod:`ingest.sinks.clickhouse.arrow`)."""
         if self._deletes:
             raise ValueError("a table whose records delete is written by rows")
+        if self._children:
+            raise ValueError("a table with exploded child rows is written by rows")
         if [c.name for c in columns] != self._columns:
             raise ValueError("the columnar plan's columns are not the sink's")
         if self._arrow is None:

@@ -37,18 +37,6 @@ from ingest.sinks.postgres.settings import OFFSET_COLUMN, STREAM_COLUMN, Postgre
 from ingest.sinks.postgres.statements import UpsertStatements, stage_name, table_ident
 
 
-def child_settings(parent: PostgresSinkSettings, explode: Any) -> PostgresSinkSettings:
-    """The sink settings of an explode step's child table: the parent's database, schema, network and
-    timeouts; the step's table, columns and key; updated by key (with the hidden source columns)."""
-    base = parent.model_dump(by_alias=True, exclude={"table", "columns", "conflict_key", "version_column",
-                                                     "on_conflict", "delivery"})
-    return PostgresSinkSettings.model_validate({
-        **base, "dsn": parent.dsn, "table": explode.table, "on_conflict": "update",
-        "columns": {name: spec.model_dump(exclude_none=True) for name, spec in explode.columns.items()},
-        "conflict_key": list(explode.conflict_key),
-    })
-
-
 class ChildTable:
     """One explode step's child table: its SQL (composed once) and how to write a batch's families."""
 
@@ -56,7 +44,7 @@ class ChildTable:
         """``slot``: the step's position among the pipeline's explode steps (its place in ``families``)."""
         self.slot = slot
         self.replace: bool = explode.replace
-        cfg = child_settings(parent, explode)
+        cfg = parent.child_table(explode.table, dict(explode.columns), list(explode.conflict_key))
         self.settings = cfg
         self.sql = UpsertStatements(cfg)
         names = list(cfg.columns)

@@ -19,7 +19,6 @@ from ingest.config import PipelineSettings
 from ingest.core.dialects import pg_base_type
 from ingest.drivers.postgres import classify, connect, execute_ddl, load_sql
 from ingest.errors import ConfigError, MigrationError
-from ingest.sinks.postgres.children import child_settings
 from ingest.sinks.postgres.exactly_once import LANE_OFFSETS_TABLE, OFFSETS_TABLE
 from ingest.sinks.postgres.settings import SOURCE_COLUMNS, PostgresSinkSettings
 from ingest.sinks.postgres.statements import DeleteStatements, tombstone_table_name
@@ -90,7 +89,7 @@ def migrate_postgres(p: PipelineSettings) -> list[str]:
     ddl = sink_table_sql(cfg) + [offsets_table_sql(cfg.db_schema)]
     made = []
     for _, explode in p.explode_steps:  # child tables of explode steps
-        child = child_settings(cfg, explode)
+        child = p.explode_sink(explode)
         ddl += sink_table_sql(child)
         made.append(f"{p.name}: table {child.db_schema}.{child.table} (exploded from {explode.path})")
     if p.has_deletes:

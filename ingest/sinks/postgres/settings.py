@@ -100,6 +100,23 @@ class PostgresSinkSettings(SinkSettingsBase):
             raise ValueError(f"deletes.soft_column {deletes.soft_column!r} is managed by ingest: do not list it "
                              "among the columns")
 
+    def explode_refusal(self) -> str | None:
+        if self.on_conflict != "update":
+            return "explode needs sink.on_conflict update (children follow their parent row)"
+        if self.version_column is not None:
+            return "explode does not combine with sink.version_column yet"
+        if self.write_method != "copy":
+            return "explode needs sink.write_method copy (child rows are staged)"
+        return None
+
+    def child_table(self, table: str, columns: dict[str, ColumnSpec], key: list[str]) -> PostgresSinkSettings:
+        """See :meth:`SinkSettingsBase.child_table`: updated by key, with the hidden source columns."""
+        base = self.model_dump(by_alias=True, exclude={"table", "columns", "conflict_key", "version_column",
+                                                       "on_conflict", "delivery"})
+        return PostgresSinkSettings.model_validate({
+            **base, "dsn": self.dsn, "table": table, "on_conflict": "update", "conflict_key": list(key),
+            "columns": {name: spec.model_dump(exclude_none=True) for name, spec in columns.items()}})
+
     @field_validator("columns")
     @classmethod
     def _pg_types(cls, value: dict[str, ColumnSpec]) -> dict[str, ColumnSpec]:
