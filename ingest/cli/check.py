@@ -49,6 +49,10 @@ def check(config: ConfigOpt = None, log_level: LogLevelOpt = "warning") -> None:
                 sink.close()
             described = registry.backend(p.sink.kind).describe(p.sink)
             typer.echo(f"ok   pipeline {p.name}: sink {p.sink.kind} {described}")
+            for _, explode in p.explode_steps:  # written with the parent, in the same database
+                child = registry.backend(p.sink.kind).describe(p.explode_sink(explode))
+                typer.echo(f"ok   pipeline {p.name}: child {child} (explode {explode.path}"
+                           f"{', replace' if explode.replace else ''})")
             typer.echo(f"ok   pipeline {p.name}: write tier: {tier}")
             if p.transforms:  # compiled when the file was loaded
                 typer.echo(f"ok   pipeline {p.name}: {len(p.transforms)} transforms compiled "

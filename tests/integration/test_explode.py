@@ -358,3 +358,44 @@ def test_clickhouse_orders_and_items_equal_the_latest_orders(kafka_bootstrap, pg
     assert sorted({json.loads(d["value"])["seq"] for d in dlq_rows(pg_dsn)}) == sorted(
         d["seq"] for d in docs if is_poison(d))
     assert sum(assert_committed_at_log_end(kafka_bootstrap, group_id, topic).values()) == len(docs)
+
+
+def test_check_migrate_and_replay_after_a_fix_write_parent_and_children_once(kafka_bootstrap, pg_dsn, new_topic,
+                                                                             group_id, tmp_path: Path) -> None:
+    """``check`` names the child table, ``migrate`` creates it; a record with an element missing a
+    required field is dead-lettered whole; after the column gets a default, ``replay-dlq`` writes
+    the order and all its items once (a second replay writes nothing)."""
+    topic = new_topic(2)
+    docs = [order(i, ("a", 1), ("b", 2)) for i in range(10)]
+    for i in (3, 7):
+        docs[i]["items"][1] = {"qty": 4}  # no sku
+    kafka = {"bootstrap_servers": kafka_bootstrap, "client": dict(TEST_CONSUMER_SETTINGS)}
+    broken = write_config(tmp_path, {"kafka": kafka, "pipelines": [pipeline(pg_dsn, topics=[topic], group_id=group_id)]})
+    fixed_pipe = pipeline(pg_dsn, topics=[topic], group_id=group_id)
+    fixed_pipe["transforms"][1]["explode"]["columns"]["sku"] = {"type": "text", "default": "unknown"}
+    fixed = write_config(tmp_path, {"kafka": kafka, "pipelines": [fixed_pipe]}, name="fixed.yaml")
+
+    res = run_ingest(["migrate", "--config", broken], timeout_s=60, log_dir=tmp_path)
+    assert res.returncode == 0 and f'table public.{ITEMS} (exploded from items)' in res.stdout, res.stdout
+    res = run_ingest(["check", "--config", broken], timeout_s=60, log_dir=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"child table public.{ITEMS} (explode items, replace)" in res.stdout
+    assert "write tier: rows" in res.stdout
+    produce(kafka_bootstrap, topic, [(str(d["id"]).encode(), json.dumps(d).encode()) for d in docs])
+    res = run_ingest(["run", "--config", broken, "--until-idle", "3", "--metrics-port", "0"], timeout_s=120,
+                     log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert set(orders_table(pg_dsn)) == set(range(10)) - {3, 7}
+    assert [json.loads(d["value"])["id"] for d in sorted(dlq_rows(pg_dsn), key=lambda d: d["offset"])] in (
+        [3, 7], [7, 3])
+    assert set(items_table(pg_dsn)) == set(range(10)) - {3, 7}
+
+    res = run_ingest(["replay-dlq", "--config", fixed, "--pipeline", PIPELINE], timeout_s=120, log_dir=tmp_path)
+    assert res.returncode == 0 and "replayed 2, still failing 0" in res.stdout, res.stdout + res.stderr
+    want = {i: [(1, "a", 1), (2, "b", 2)] for i in range(10)} | {3: [(1, "a", 1), (2, "unknown", 4)],
+                                                                 7: [(1, "a", 1), (2, "unknown", 4)]}
+    assert items_table(pg_dsn) == want
+    assert set(orders_table(pg_dsn)) == set(range(10))
+    res = run_ingest(["replay-dlq", "--config", fixed, "--pipeline", PIPELINE], timeout_s=120, log_dir=tmp_path)
+    assert res.returncode == 0 and "replayed 0," in res.stdout, res.stdout
+    assert items_table(pg_dsn) == want
