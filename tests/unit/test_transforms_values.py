@@ -1,0 +1,178 @@
+"""Unit tests of what CEL expressions see of typed values (issue #37, loose ends): Avro logical types
+decoded by fastavro, Protobuf well-known types, binary keys and headers -- each has a defined CEL
+value or fails the record with a clear ``transform_error``, never a crash."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import io
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from fastavro import parse_schema, schemaless_writer
+
+from ingest.cdc.mapper import mapper_for
+from ingest.config import PipelineSettings
+from ingest.config.transforms import TransformStep
+from ingest.core.transforms import compile_transforms
+from ingest.errors import InvalidRecord
+from ingest.types import Record
+
+WHERE = "pipelines[0].transforms"
+UTC = datetime.timezone.utc
+
+
+def rec(value: Any = None, *, key: bytes | None = b"k1", headers: tuple[tuple[str, bytes | None], ...] = ()) -> Record:
+    raw = None if value is None else orjson.dumps(value)
+    return Record("orders", 1, 5, key, raw, 1000, headers, None)
+
+
+def transformer(*steps: dict[str, Any]):
+    t = compile_transforms([TransformStep.model_validate(s) for s in steps], WHERE)
+    assert t is not None
+    return t
+
+
+def apply(steps: list[dict[str, Any]], doc: Any, record: Record | None = None) -> Any:
+    return transformer(*steps).apply(record or rec({}), doc)
+
+
+# --------------------------------------------------------------------------- Avro logical types, decoded by fastavro
+AVSC = {"type": "record", "name": "Payment", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+    {"name": "rate", "type": {"type": "fixed", "name": "Rate", "size": 8, "logicalType": "decimal",
+                              "precision": 18, "scale": 6}},
+    {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+    {"name": "at_ms", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    {"name": "at_us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+    {"name": "local_ms", "type": {"type": "long", "logicalType": "local-timestamp-millis"}},
+    {"name": "t_ms", "type": {"type": "int", "logicalType": "time-millis"}},
+    {"name": "t_us", "type": {"type": "long", "logicalType": "time-micros"}},
+    {"name": "ref", "type": {"type": "string", "logicalType": "uuid"}},
+    {"name": "blob", "type": "bytes"},
+    {"name": "digest", "type": {"type": "fixed", "name": "Digest", "size": 4}},
+    {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["CARD", "CASH"]}},
+    {"name": "note", "type": ["null", "string"], "default": None},
+]}
+PAYMENT = {
+    "id": 7, "amount": decimal.Decimal("1234.29"), "rate": decimal.Decimal("0.000125"),
+    "day": datetime.date(2026, 12, 5),
+    "at_ms": datetime.datetime(2026, 12, 5, 10, 30, 1, 250000, tzinfo=UTC),
+    "at_us": datetime.datetime(2026, 12, 5, 10, 30, 1, 123456, tzinfo=UTC),
+    "local_ms": datetime.datetime(2026, 12, 5, 10, 30, 1, 500000),
+    "t_ms": datetime.time(10, 30, 1, 250000), "t_us": datetime.time(10, 30, 1, 123456),
+    "ref": uuid.UUID("12345678-1234-5678-1234-567812345678"),
+    "blob": b"\x00\xffab", "digest": b"\x00\x01\x02\x03", "kind": "CASH", "note": None,
+}
+
+
+def avro_pipeline(tmp_path: Path, transforms: list[dict[str, Any]], columns: dict[str, Any]) -> PipelineSettings:
+    avsc = tmp_path / "payment.avsc"
+    avsc.write_text(orjson.dumps(AVSC).decode())
+    return PipelineSettings.model_validate({
+        "name": "p", "topics": ["payments"], "format": "avro", "avro_schema": str(avsc), "transforms": transforms,
+        "sink": {"table": "t", "conflict_key": ["id"], "columns": {"id": {"type": "bigint"}, **columns}}})
+
+
+def avro_record(doc: dict[str, Any]) -> Record:
+    buf = io.BytesIO()
+    schemaless_writer(buf, parse_schema(AVSC), doc)
+    return Record("payments", 0, 1, b"7", buf.getvalue(), 1000)
+
+
+def map_avro(tmp_path: Path, exprs: dict[str, str], doc: dict[str, Any] = PAYMENT) -> dict[str, Any]:
+    """The values the ``set`` expressions give on ``doc`` written by fastavro and decoded by ingest."""
+    p = avro_pipeline(tmp_path, [{"set": exprs}], {name: {"type": "jsonb"} for name in exprs})
+    row, _ = mapper_for(p, decoder=_decoder(p)).map(avro_record(doc))
+    return dict(zip(["id", *exprs], row))
+
+
+def _decoder(p: PipelineSettings) -> Any:
+    from ingest.formats.registry import build_decoder
+
+    return build_decoder(p, None)
+
+
+def test_an_avro_decimal_is_a_cel_double(tmp_path: Path) -> None:
+    got = map_avro(tmp_path, {"cents": "int(math.round(value.amount * 100.0))", "big": "value.amount > 1000.0",
+                              "same": "value.amount", "rate": "value.rate * 1000000.0"})
+    assert got["cents"] == 123429 and got["big"] is True
+    assert got["same"] == 1234.29 and got["rate"] == 125.0
+
+
+def test_a_decimal_anywhere_in_the_value_does_not_fail_expressions_reading_other_fields(tmp_path: Path) -> None:
+    # the binding converts the whole value when an expression runs: one Decimal used to fail them all
+    got = map_avro(tmp_path, {"k": "value.kind", "n": "has(value.note) && value.note != null"})
+    assert got == {"id": 7, "k": "CASH", "n": False}
+
+
+def test_avro_dates_times_and_timestamps(tmp_path: Path) -> None:
+    got = map_avro(tmp_path, {
+        "day": "value.day", "day_ts": "timestamp(value.day + 'T00:00:00Z')",
+        "at_ms": "value.at_ms", "hour": "value.at_ms.getHours()", "us": "value.at_us",
+        "age_s": "value.at_us - value.at_ms",
+        "local": "value.local_ms", "t_ms": "value.t_ms", "t_us": "value.t_us",
+    })
+    assert got["day"] == "2026-12-05" and got["day_ts"] == "2026-12-05T00:00:00+00:00"
+    assert got["at_ms"] == "2026-12-05T10:30:01.250000+00:00" and got["hour"] == 10
+    assert got["us"] == "2026-12-05T10:30:01.123456+00:00"
+    assert got["age_s"] == -0.126544  # a duration's result: seconds
+    assert got["local"] == "2026-12-05T10:30:01.500000+00:00"  # a local timestamp is read as UTC
+    assert got["t_ms"] == "10:30:01.250000" and got["t_us"] == "10:30:01.123456"
+
+
+def test_avro_uuid_bytes_fixed_and_enum(tmp_path: Path) -> None:
+    got = map_avro(tmp_path, {"ref": "value.ref", "n": "size(value.blob)", "hex": "value.digest == b'\\x00\\x01\\x02\\x03'",
+                              "d": "size(value.digest)", "kind": "value.kind"})
+    assert got == {"id": 7, "ref": "12345678-1234-5678-1234-567812345678", "n": 4, "hex": True, "d": 4,
+                   "kind": "CASH"}
+
+
+def test_the_decoded_values_the_mapper_gets_are_not_converted(tmp_path: Path) -> None:
+    # CEL sees converted copies; the columns still read the exact decoded values
+    p = avro_pipeline(tmp_path, [{"filter": "value.amount > 1.0"}],
+                      {"amount": {"type": "numeric(12,2)"}, "at_us": {"type": "timestamptz"}})
+    row, _ = mapper_for(p, decoder=_decoder(p)).map(avro_record(PAYMENT))
+    assert row[1] == decimal.Decimal("1234.29") and row[2] == PAYMENT["at_us"]
+
+
+# --------------------------------------------------------------------------- values as the decoders give them
+@pytest.mark.parametrize(("value", "expr", "expected"), [
+    (decimal.Decimal("0.1"), "value.x", 0.1),
+    (decimal.Decimal("-12345678901234567890.5"), "value.x < 0.0", True),
+    (datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), "value.x.getFullYear()", 2026),  # Protobuf Timestamp
+    (datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone(datetime.timedelta(hours=2))),
+     "value.x", "2026-01-02T01:04:05+00:00"),
+    (datetime.timedelta(seconds=90, microseconds=5), "value.x", 90.000005),  # Protobuf Duration
+    (datetime.timedelta(minutes=2), "value.x > duration('1m')", True),
+    (b"\x00\x01", "size(value.x)", 2),
+    (bytearray(b"\x00\x01"), "size(value.x)", 2),
+    ((1, "a"), "value.x[1]", "a"),
+    (2**64 - 1, "uint(value.x) == 18446744073709551615u", True),  # Protobuf uint64 past int64: exact text
+    (-(2**63), "value.x", -(2**63)),
+    ({"n": [decimal.Decimal("1.5"), {"d": datetime.date(2026, 1, 2)}]}, "value.x.n[1].d + '/' + string(value.x.n[0])",
+     "2026-01-02/1.5"),
+])
+def test_typed_values_have_a_defined_cel_value(value: Any, expr: str, expected: Any) -> None:
+    assert apply([{"set": {"y": expr}}], {"x": value})["y"] == expected
+
+
+def test_a_value_cel_cannot_hold_is_a_clear_transform_error() -> None:
+    with pytest.raises(InvalidRecord) as info:
+        apply([{"set": {"y": "value.other"}}], {"x": {1, 2}, "other": 1})
+    assert info.value.error_class == "transform_error"
+    assert "value.x" in str(info.value) and "set" in str(info.value), str(info.value)
+
+
+# --------------------------------------------------------------------------- binary keys and headers
+def test_a_binary_key_and_header_reach_cel_whole() -> None:
+    # the binding cut Python bytes at the first NUL: a Confluent wire-format key (magic byte 0) read as b''
+    key = b"\x00\x00\x00\x00\x07\x02ab"
+    t = transformer({"set": {"n": "size(key)", "h": "size(headers['trace'])", "first": "key == b'\\x00\\x00\\x00\\x00\\x07\\x02ab'"}})
+    got = t.apply(rec({}, key=key, headers=(("trace", b"\x00\x01\x02"),)), {})
+    assert got == {"n": 8, "h": 3, "first": True}
