@@ -89,7 +89,7 @@ def map_avro(tmp_path: Path, exprs: dict[str, str], doc: dict[str, Any] = PAYMEN
     """The values the ``set`` expressions give on ``doc`` written by fastavro and decoded by ingest."""
     p = avro_pipeline(tmp_path, [{"set": exprs}], {name: {"type": "jsonb"} for name in exprs})
     row, _ = mapper_for(p, decoder=_decoder(p)).map(avro_record(doc))
-    return dict(zip(["id", *exprs], row))
+    return {"id": row[0], **{name: orjson.loads(v) for name, v in zip(exprs, row[1:])}}  # jsonb: JSON text
 
 
 def _decoder(p: PipelineSettings) -> Any:
