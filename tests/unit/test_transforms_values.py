@@ -176,3 +176,86 @@ def test_a_binary_key_and_header_reach_cel_whole() -> None:
     t = transformer({"set": {"n": "size(key)", "h": "size(headers['trace'])", "first": "key == b'\\x00\\x00\\x00\\x00\\x07\\x02ab'"}})
     got = t.apply(rec({}, key=key, headers=(("trace", b"\x00\x01\x02"),)), {})
     assert got == {"n": 8, "h": 3, "first": True}
+
+
+# --------------------------------------------------------------------------- ingest_time, explicitly
+T0 = datetime.datetime(2026, 12, 5, 14, 0, 0, 250000, tzinfo=UTC)
+
+
+def ticking(start: datetime.datetime = T0) -> Any:
+    """A clock that moves one second each time it is read (and says how often it was)."""
+    reads: list[datetime.datetime] = []
+
+    def clock() -> datetime.datetime:
+        reads.append(start + datetime.timedelta(seconds=len(reads)))
+        return reads[-1]
+
+    clock.reads = reads  # type: ignore[attr-defined]
+    return clock
+
+
+def live(*steps: dict[str, Any], clock: Any) -> Any:
+    t = compile_transforms([TransformStep.model_validate(s) for s in steps], WHERE, clock=clock)
+    assert t is not None
+    return t
+
+
+def test_ingest_time_is_read_by_a_step_that_declares_it_not_replay_stable() -> None:
+    clock = ticking()
+    t = live({"set": {"loaded_at": "ingest_time", "lag_s": "ingest_time - timestamp(value.ts)"},
+              "replay_stable": False},
+             {"filter": "ingest_time.getFullYear() == 2026", "replay_stable": False},
+             {"set": {"again": "ingest_time"}, "when": "value.n > 0", "replay_stable": False}, clock=clock)
+    got = t.apply(rec({}), {"ts": "2026-12-05T13:59:00Z", "n": 1})
+    # one ingest time per record, whatever the number of steps reading it
+    assert got == {"ts": "2026-12-05T13:59:00Z", "n": 1, "loaded_at": "2026-12-05T14:00:00.250000+00:00",
+                   "lag_s": 60.25, "again": "2026-12-05T14:00:00.250000+00:00"}
+    assert len(clock.reads) == 1
+    assert t.apply(rec({}), {"ts": "2026-12-05T13:59:00Z", "n": 1})["loaded_at"] == "2026-12-05T14:00:01.250000+00:00"
+
+
+def test_a_pipeline_reading_no_ingest_time_never_reads_the_clock() -> None:
+    clock = ticking()
+    t = live({"set": {"a": "value.n + 1", "note": "'ingest_time'"}}, clock=clock)
+    assert t.apply(rec({}), {"n": 1}) == {"n": 1, "a": 2, "note": "ingest_time"}  # a name in a literal is text
+    assert clock.reads == []
+
+
+@pytest.mark.parametrize(("step", "path", "column"), [
+    ({"set": {"x": "value.n", "loaded_at": "ingest_time"}}, "set.loaded_at", 1),
+    ({"filter": "value.n > 0 && ingest_time > timestamp(value.ts)"}, "filter", 16),
+    ({"set": {"x": "1"}, "when": "ingest_time != null"}, "when", 1),
+    ({"set": {"x": "1"}, "when": "ingest_time != null", "replay_stable": True}, "when", 1),
+])
+def test_reading_ingest_time_elsewhere_is_refused_naming_the_step_and_position(step: dict[str, Any], path: str,
+                                                                              column: int) -> None:
+    from ingest.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        compile_transforms([TransformStep.model_validate({"set": {"y": "1"}}), TransformStep.model_validate(step)],
+                           WHERE)
+    message = str(info.value)
+    assert message.startswith(f"{WHERE}[1].{path}: does not compile at line 1, column {column}: reads ingest_time, "
+                              "which is not replay-stable"), message
+    assert "replay_stable: false" in message
+
+
+def test_the_config_and_check_refuse_ingest_time_in_a_replay_stable_step(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from harness import write_config
+    from ingest.cli import app
+    from ingest.config import load_settings
+    from ingest.errors import ConfigError
+
+    cfg = {"kafka": {"bootstrap_servers": "127.0.0.1:1"}, "pipelines": [{
+        "name": "p", "topics": ["t"], "transforms": [{"set": {"at": "ingest_time"}}],
+        "sink": {"dsn": "postgresql://u@127.0.0.1:1/db", "table": "t", "conflict_key": ["id"],
+                 "columns": {"id": {"type": "bigint"}, "at": {"type": "timestamptz"}}}}]}
+    path = write_config(tmp_path, cfg)
+    with pytest.raises(ConfigError, match=r"pipelines\[0\]\.transforms\[0\]\.set\.at: .*reads ingest_time"):
+        load_settings(path)
+    result = CliRunner().invoke(app, ["check", "-c", str(path)])
+    assert result.exit_code == 2 and "pipelines[0].transforms[0].set.at" in result.output, result.output
+    cfg["pipelines"][0]["transforms"][0]["replay_stable"] = False
+    assert load_settings(write_config(tmp_path, cfg, name="ok.yaml")).pipelines[0].transforms[0].replay_stable is False

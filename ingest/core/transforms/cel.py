@@ -11,6 +11,10 @@ Variables an expression reads: ``value`` (the record value as the previous steps
 (bytes or null), ``topic`` (string), ``partition``, ``offset``, ``timestamp`` (epoch
 milliseconds: ints), ``headers`` (a map of name to bytes; the last of a repeated header wins). A
 record republished by ``replay-dlq --to topic`` stands for its origin (topic, partition, offset).
+All of these are replay-stable. One is not: ``ingest_time`` (a timestamp: when this process
+transformed the record, one value per record, from the clock the caller passes), which only an
+expression compiled with ``ingest_time=True`` may read (a step declaring ``replay_stable: false``);
+anywhere else it is refused when compiled (:class:`CompileError` with its position).
 
 What CEL sees of a decoded value (:func:`cel_value`; the mapper still gets the decoded value itself):
 JSON values as they are; the Python values of the typed formats (Avro logical types from fastavro,
@@ -41,7 +45,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from ingest.types import Record
 
-_ENV = cel.NewEnv(variables={
+_STABLE_VARIABLES = {
     "value": cel.Type.DYN,
     "key": cel.Type.DYN,
     "topic": cel.Type.STRING,
@@ -49,7 +53,16 @@ _ENV = cel.NewEnv(variables={
     "offset": cel.Type.INT,
     "timestamp": cel.Type.DYN,  # epoch milliseconds, or null when the record has none
     "headers": cel.Type.Map(cel.Type.STRING, cel.Type.DYN),
-}, extensions=[ext_strings.ExtStrings(), ext_math.ExtMath()])
+}
+_EXTENSIONS = (ext_strings.ExtStrings, ext_math.ExtMath)
+#: every program is compiled and evaluated in this environment ...
+_ENV = cel.NewEnv(variables={**_STABLE_VARIABLES, "ingest_time": cel.Type.TIMESTAMP},
+                  extensions=[make() for make in _EXTENSIONS])
+#: ... and first type-checked in this one, without ``ingest_time``, unless the step allows it
+_STABLE_ENV = cel.NewEnv(variables=_STABLE_VARIABLES, extensions=[make() for make in _EXTENSIONS])
+#: the variable that is not replay-stable
+INGEST_TIME = "ingest_time"
+_READS_INGEST_TIME = re.compile(r"undeclared reference to 'ingest_time'")
 _ERROR = cel.Type.ERROR
 _BOOL = cel.Type.BOOL
 _DYN = cel.Type.DYN
@@ -78,13 +91,25 @@ class EvalError(Exception):
 
 
 @functools.lru_cache(maxsize=4096)
-def compile_expression(text: str, *, predicate: bool = False) -> Program:
+def compile_expression(text: str, *, predicate: bool = False, ingest_time: bool = False) -> Program:
     """The compiled program of ``text`` (cached: an expression is compiled once per process).
 
     ``predicate``: the expression must give a bool (a ``filter`` or ``when``); one whose type is
     known not to be bool is refused here, one of dynamic type is checked per record.
+    ``ingest_time``: the expression may read ``ingest_time`` (not replay-stable); without it, one
+    that reads it is refused, at the position of the read.
     Raises :class:`CompileError`. Pure: no I/O.
     """
+    if not ingest_time:
+        try:
+            _STABLE_ENV.compile(text)
+        except RuntimeError as exc:
+            error = _compile_error(str(exc))
+            if _READS_INGEST_TIME.search(error.message):
+                raise CompileError(error.line, error.column,
+                                   "reads ingest_time, which is not replay-stable (a replayed record would get "
+                                   "another value): declare replay_stable: false on the step to use it") from None
+            raise error from None
     try:
         program = _ENV.compile(text)
     except RuntimeError as exc:
@@ -106,7 +131,7 @@ def _compile_error(text: str) -> CompileError:
 
 
 #: the variables an expression may read (every one declared in ``_ENV``)
-VARIABLES = ("value", "key", "topic", "partition", "offset", "timestamp", "headers")
+VARIABLES = ("value", "key", "topic", "partition", "offset", "timestamp", "headers", INGEST_TIME)
 _METADATA = frozenset(VARIABLES) - {"value"}
 
 
@@ -116,10 +141,14 @@ def variables_read(texts: list[str]) -> frozenset[str]:
     return frozenset(name for name in VARIABLES if any(re.search(rf"\b{name}\b", t) for t in texts))
 
 
-def activation(record: Record, value: Any, names: frozenset[str] = _METADATA) -> Any:
+def activation(record: Record, value: Any, names: frozenset[str] = _METADATA,
+               ingest_time: datetime.datetime | None = None) -> Any:
     """The variables of one record's expressions: ``value`` and the metadata among ``names`` (see
-    :func:`variables_read`; building only those saves half the cost). Reusable across expressions."""
+    :func:`variables_read`; building only those saves half the cost). Reusable across expressions.
+    ``ingest_time``: an aware datetime, given when ``names`` holds ``ingest_time``."""
     data: dict[str, Any] = {"value": value}
+    if ingest_time is not None:
+        data[INGEST_TIME] = ingest_time
     if names:
         origin = record.origin
         if origin is None:

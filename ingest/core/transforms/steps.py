@@ -10,10 +10,11 @@ record's ``transform_error`` dead letter naming the step. ``filter`` raises
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable
 from typing import Any
 
-from ingest.core.transforms.cel import EvalError, Program, activation, evaluate
+from ingest.core.transforms.cel import INGEST_TIME, EvalError, Program, activation, evaluate
 from ingest.errors import Filtered
 from ingest.types import Record
 
@@ -25,19 +26,25 @@ class StepError(Exception):
 class Context:
     """One record's evaluation context: the CEL variables, built once per value the steps see."""
 
-    __slots__ = ("record", "_names", "_doc", "_variables")
+    __slots__ = ("record", "_names", "_doc", "_variables", "_clock", "_now")
 
-    def __init__(self, record: Record, names: frozenset[str]) -> None:
-        """``names``: the variables the pipeline's expressions read (:func:`~.cel.variables_read`)."""
+    def __init__(self, record: Record, names: frozenset[str],
+                 clock: Callable[[], datetime.datetime] | None = None) -> None:
+        """``names``: the variables the pipeline's expressions read (:func:`~.cel.variables_read`).
+        ``clock``: gives ``ingest_time`` (read once per record, when ``names`` holds it)."""
         self.record = record
         self._names = names
         self._doc: Any = None
         self._variables: Any = None
+        self._clock = clock if INGEST_TIME in names else None
+        self._now: datetime.datetime | None = None
 
     def variables(self, doc: dict[str, Any]) -> Any:
         """The CEL variables with ``value`` = ``doc`` (rebuilt only when a step made a new value)."""
         if self._variables is None or self._doc is not doc:
-            self._variables = activation(self.record, doc, self._names)
+            if self._clock is not None and self._now is None:  # one ingest time for all the record's steps
+                self._now = self._clock()
+            self._variables = activation(self.record, doc, self._names, self._now)
             self._doc = doc
         return self._variables
 
