@@ -259,3 +259,42 @@ def test_the_config_and_check_refuse_ingest_time_in_a_replay_stable_step(tmp_pat
     assert result.exit_code == 2 and "pipelines[0].transforms[0].set.at" in result.output, result.output
     cfg["pipelines"][0]["transforms"][0]["replay_stable"] = False
     assert load_settings(write_config(tmp_path, cfg, name="ok.yaml")).pipelines[0].transforms[0].replay_stable is False
+
+
+# --------------------------------------------------------------------------- the CEL functions the README lists
+FUNCTIONS_DOC = {"s": "Hello, World", "n": -2.5, "l": [3, 1, 2], "m": {"a": 1}, "ts": "2026-12-05T10:30:00Z"}
+
+
+@pytest.mark.parametrize(("expr", "expected"), [
+    ("size(value.s) + value.l.size()", 15), ("has(value.m.a) && !has(value.m.b)", True),
+    ("value.s.matches('^H.*d$') && value.s.startsWith('He') && value.s.endsWith('ld')", True),
+    ("value.s.contains('lo') && 'a' in value.m && 2 in value.l", True),
+    ("[int('42'), int(2.9), int(-2.9)]", [42, 2, -2]), ("double('1.5') + double(1)", 2.5),
+    ("string(1.5) + string(7) + string(b'ab')", "1.57ab"), ("uint('42') == 42u", True),
+    ("type(value.n) == double && dyn(1) == 1.0", True),
+    ("[value.l.all(x, x > 0), value.l.exists(x, x > 2), value.l.exists_one(x, x > 2)]", [True, True, True]),
+    ("value.l.map(x, x * 2) + value.l.filter(x, x > 1) + value.l.map(x, x > 1, x * 10)", [6, 2, 4, 3, 2, 30, 20]),
+    ("timestamp(value.ts) + duration('1h30m')", "2026-12-05T12:00:00+00:00"),
+    ("timestamp(value.ts) - timestamp('2026-12-05T00:00:00Z')", 37800.0),
+    ("[timestamp(value.ts).getFullYear(), timestamp(value.ts).getMonth(), timestamp(value.ts).getDate(), "
+     "timestamp(value.ts).getDayOfMonth(), timestamp(value.ts).getDayOfWeek(), timestamp(value.ts).getDayOfYear()]",
+     [2026, 11, 5, 4, 6, 338]),
+    ("[timestamp(value.ts).getHours(), timestamp(value.ts).getHours('Europe/Rome'), timestamp(value.ts).getMinutes(), "
+     "timestamp(value.ts).getSeconds(), timestamp(value.ts).getMilliseconds()]", [10, 11, 30, 0, 0]),
+    ("int(timestamp(value.ts))", 1796466600), ("string(timestamp(value.ts))", "2026-12-05T10:30:00Z"),
+    ("timestamp(1796466600) == timestamp(value.ts)", True), ("duration('90s').getMinutes()", 1),
+    ("[value.s.charAt(1), value.s.lowerAscii(), value.s.upperAscii(), value.s.replace('l', 'L', 1)]",
+     ["e", "hello, world", "HELLO, WORLD", "HeLlo, World"]),
+    ("[value.s.indexOf('o'), value.s.lastIndexOf('o')]", [4, 8]),
+    ("value.s.split(', ') + [value.s.substring(0, 5), '  x '.trim(), ['a', 'b'].join('-'), value.s.reverse()]",
+     ["Hello", "World", "Hello", "x", "a-b", "dlroW ,olleH"]),
+    ("'%s=%d %.2f'.format(['a', 1, 2.5])", "a=1 2.50"), ("strings.quote('a')", '"a"'),
+    ("[math.ceil(value.n), math.floor(value.n), math.round(value.n), math.trunc(value.n), math.abs(value.n)]",
+     [-2.0, -3.0, -3.0, -2.0, 2.5]),
+    ("[math.greatest(1, 5, 3), math.least([4, 2]), math.bitAnd(6, 3)]", [5, 2, 2]),
+    ("math.isNaN(0.0 / 0.0) && math.isInf(1.0 / 0.0) && math.isFinite(value.n)", True),
+    ("base64.encode(b'\\x00ab') + '/' + string(base64.decode('YWI='))", "AGFi/ab"),
+    ("cel.bind(x, value.n * 2.0, x + x)", -10.0), ("value.?nope.orValue('d') + value.?s.orValue('d')", "dHello, World"),
+])
+def test_the_cel_functions_the_readme_lists(expr: str, expected: Any) -> None:
+    assert apply([{"set": {"y": expr}}], FUNCTIONS_DOC)["y"] == expected

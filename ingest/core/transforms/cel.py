@@ -26,8 +26,9 @@ naive one, Avro's ``local-timestamp-*``, is read as UTC), ``timedelta`` → dura
 ``bytearray``), a tuple → a list. Any other Python type fails the record (:class:`EvalError` naming
 the field). Integers the binding cannot hold (past 64 bits) fail the expressions with its message.
 
-Extensions: CEL's ``strings`` (``lowerAscii``, ``split``, ``replace``, ``format``, ...) and ``math``
-(``math.round``, ``math.greatest``, ...) libraries, both deterministic.
+Extensions (all deterministic): CEL's ``strings`` (``lowerAscii``, ``split``, ``replace``, ``format``,
+...), ``math`` (``math.round``, ``math.greatest``, ...), ``encoders`` (``base64.encode``/``decode``),
+``bindings`` (``cel.bind``) and ``optional`` (``value.?a.orValue(d)``) libraries.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import uuid
 from typing import Any
 
 from cel_expr_python import cel
-from cel_expr_python.ext import ext_math, ext_strings
+from cel_expr_python.ext import ext_bindings, ext_encoders, ext_math, ext_optional, ext_strings
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from ingest.types import Record
@@ -54,7 +55,8 @@ _STABLE_VARIABLES = {
     "timestamp": cel.Type.DYN,  # epoch milliseconds, or null when the record has none
     "headers": cel.Type.Map(cel.Type.STRING, cel.Type.DYN),
 }
-_EXTENSIONS = (ext_strings.ExtStrings, ext_math.ExtMath)
+_EXTENSIONS = (ext_strings.ExtStrings, ext_math.ExtMath, ext_encoders.ExtEncoders, ext_bindings.ExtBindings,
+               ext_optional.ExtOptional)
 #: every program is compiled and evaluated in this environment ...
 _ENV = cel.NewEnv(variables={**_STABLE_VARIABLES, "ingest_time": cel.Type.TIMESTAMP},
                   extensions=[make() for make in _EXTENSIONS])
@@ -142,10 +144,11 @@ def variables_read(texts: list[str]) -> frozenset[str]:
 
 
 def activation(record: Record, value: Any, names: frozenset[str] = _METADATA,
-               ingest_time: datetime.datetime | None = None) -> Any:
+               ingest_time: datetime.datetime | None = None, *, plain: bool = False) -> Any:
     """The variables of one record's expressions: ``value`` and the metadata among ``names`` (see
     :func:`variables_read`; building only those saves half the cost). Reusable across expressions.
-    ``ingest_time``: an aware datetime, given when ``names`` holds ``ingest_time``."""
+    ``ingest_time``: an aware datetime, given when ``names`` holds ``ingest_time``. ``plain``: ``value``
+    holds JSON values only (``format: json``), so :func:`cel_value` is skipped."""
     data: dict[str, Any] = {"value": value}
     if ingest_time is not None:
         data[INGEST_TIME] = ingest_time
@@ -161,7 +164,8 @@ def activation(record: Record, value: Any, names: frozenset[str] = _METADATA,
         if "headers" in names:
             data["headers"] = ({name: None if hvalue is None else bytearray(hvalue) for name, hvalue in record.headers}
                                if record.headers else {})
-    data["value"] = cel_value(value, "value")
+    if not plain:
+        data["value"] = cel_value(value, "value")
     try:
         return _ENV.Activation(data)
     except Exception as exc:  # noqa: BLE001 - a value the binding cannot take fails this record only

@@ -37,16 +37,19 @@ class Transformer:
     thread-safe; the per-record state lives in a :class:`~.steps.Context`).
     """
 
-    __slots__ = ("steps", "_names", "_clock")
+    __slots__ = ("steps", "_names", "_clock", "_plain")
 
     def __init__(self, steps: Sequence[S.Step], expressions: Sequence[str] = (),
-                 clock: Callable[[], datetime.datetime] | None = None) -> None:
+                 clock: Callable[[], datetime.datetime] | None = None, plain_values: bool = False) -> None:
         """``expressions``: the CEL texts of the steps (which metadata variables to build).
         ``clock``: gives an aware datetime, ``ingest_time`` of each record, for steps declaring
-        ``replay_stable: false``; None when no step does (the clock is never read then)."""
+        ``replay_stable: false``; None when no step does (the clock is never read then).
+        ``plain_values``: the decoded values hold JSON values only (``format: json``): CEL takes them
+        as they are, skipping the typed values' conversion (:func:`~.cel.cel_value`)."""
         self.steps = tuple(steps)
         self._names = variables_read(list(expressions)) - {"value"}
         self._clock = clock
+        self._plain = plain_values
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -65,7 +68,7 @@ class Transformer:
         if type(doc) is not dict:
             raise InvalidRecord("transform", "transform_error",
                                 f"transforms need the record value to be an object, got {type(doc).__name__}")
-        ctx = S.Context(record, self._names, self._clock)
+        ctx = S.Context(record, self._names, self._clock, self._plain)
         step: S.Step | None = None
         try:
             for step in self.steps:
@@ -114,12 +117,13 @@ def _fused(texts: dict[str, str], fields: list[tuple[str, Any]], ingest_time: bo
         return None
 
 
-def compile_transforms(steps: Sequence[Any], where: str, *,
-                       clock: Callable[[], datetime.datetime] | None = None) -> Transformer | None:
+def compile_transforms(steps: Sequence[Any], where: str, *, clock: Callable[[], datetime.datetime] | None = None,
+                       plain_values: bool = False) -> Transformer | None:
     """The :class:`Transformer` of ``steps`` (:class:`ingest.config.transforms.TransformStep`), None
     when there are none. ``where``: the config path of the list (``pipelines[0].transforms``).
     ``clock``: gives ``ingest_time`` (default: the wall clock, UTC), read once per record only when a
-    step declares ``replay_stable: false``; tests pass a fixed one.
+    step declares ``replay_stable: false``; tests pass a fixed one. ``plain_values``: see
+    :class:`Transformer` (only where every decoded value is a JSON value).
 
     Raises :class:`~ingest.errors.ConfigError` naming ``<where>[i].<kind>[.<field>]`` and the
     position for an expression that does not compile -- one reading ``ingest_time`` in a step that
@@ -170,7 +174,7 @@ def compile_transforms(steps: Sequence[Any], where: str, *,
             raise ConfigError(f"{path}: unknown step kind {kind!r}")
     live = any(getattr(step, "replay_stable", True) is False for step in steps)
     return Transformer(compiled, [text for step in steps for _, text in step.expressions()],
-                       (clock or _wall_clock) if live else None)
+                       (clock or _wall_clock) if live else None, plain_values)
 
 
 def check_transforms(pipelines: Sequence[Any]) -> None:

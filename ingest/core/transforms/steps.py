@@ -26,13 +26,15 @@ class StepError(Exception):
 class Context:
     """One record's evaluation context: the CEL variables, built once per value the steps see."""
 
-    __slots__ = ("record", "_names", "_doc", "_variables", "_clock", "_now")
+    __slots__ = ("record", "_names", "_doc", "_variables", "_clock", "_now", "_plain")
 
     def __init__(self, record: Record, names: frozenset[str],
-                 clock: Callable[[], datetime.datetime] | None = None) -> None:
+                 clock: Callable[[], datetime.datetime] | None = None, plain: bool = False) -> None:
         """``names``: the variables the pipeline's expressions read (:func:`~.cel.variables_read`).
-        ``clock``: gives ``ingest_time`` (read once per record, when ``names`` holds it)."""
+        ``clock``: gives ``ingest_time`` (read once per record, when ``names`` holds it). ``plain``:
+        the values are JSON values only (see :func:`~.cel.activation`)."""
         self.record = record
+        self._plain = plain
         self._names = names
         self._doc: Any = None
         self._variables: Any = None
@@ -44,7 +46,7 @@ class Context:
         if self._variables is None or self._doc is not doc:
             if self._clock is not None and self._now is None:  # one ingest time for all the record's steps
                 self._now = self._clock()
-            self._variables = activation(self.record, doc, self._names, self._now)
+            self._variables = activation(self.record, doc, self._names, self._now, plain=self._plain)
             self._doc = doc
         return self._variables
 
