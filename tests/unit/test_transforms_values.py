@@ -167,6 +167,18 @@ def test_a_value_cel_cannot_hold_is_a_clear_transform_error() -> None:
         apply([{"set": {"y": "value.other"}}], {"x": {1, 2}, "other": 1})
     assert info.value.error_class == "transform_error"
     assert "value.x" in str(info.value) and "set" in str(info.value), str(info.value)
+    with pytest.raises(InvalidRecord) as info:  # past 64 bits: the binding's own message
+        apply([{"set": {"y": "value.other"}}], {"x": 2**70, "other": 1})
+    assert info.value.error_class == "transform_error" and "out of range" in str(info.value), str(info.value)
+
+
+def test_optional_field_access_is_no_read_for_the_schema_check() -> None:
+    from ingest.core.transforms.fields import transform_problems
+
+    steps = [TransformStep.model_validate({"set": {"y": "value.?nosuch.orValue(1)", "z": "value.b"}})]
+    assert [p.split(":")[0] for p in transform_problems(steps, WHERE, lambda path: path == ("a",), "S")] == [
+        f"{WHERE}[0].set.z"]
+    assert apply([{"set": {"y": "value.?nosuch.orValue(1)"}}], {}) == {"y": 1}
 
 
 # --------------------------------------------------------------------------- binary keys and headers
