@@ -77,7 +77,7 @@ def transforms_us(n: int, rounds: int) -> float:
         {"set": {"amount_cents": "int(value.amount * 100.0)", "label": "value.sku + '-' + string(value.qty)",
                  "source": "'shop'"}},
     ]]
-    t = compile_transforms(steps, "bench")
+    t = compile_transforms(steps, "bench", plain_values=True)  # format: json, as mapper_for passes it
     assert t is not None
     record = Record("orders", 0, 42, b"17", orjson.dumps(VALUE), 1764928800000)
     return best_us(lambda: t.apply(record, VALUE), n, rounds)

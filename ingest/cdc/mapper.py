@@ -50,7 +50,8 @@ def mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,
     ChangeMapper applies them itself). Every caller -- the pipeline, ``replay-dlq``, ``preview`` --
     gets its mapper here, so each applies the configuration's current transforms.
     Raises ConfigError for a transform that does not compile."""
-    transformer = compile_transforms(settings.transforms, f"pipeline {settings.name!r} transforms")
+    transformer = compile_transforms(settings.transforms, f"pipeline {settings.name!r} transforms",
+                                     plain_values=settings.format == "json" and settings.envelope == "none")
     if not settings.has_deletes:
         mapper = Mapper(settings.sink.columns, settings.key, decoder=decoder, key_decoder=key_decoder)
         if transformer is None:

@@ -14,7 +14,6 @@ from typing import Any
 
 from ingest.config import PipelineSettings, Settings
 from ingest.dlq.base import DeadLetterQueue, DlqReader
-from ingest.errors import ConfigError
 from ingest.cdc.mapper import mapper_for
 from ingest.formats.registry import build_decoder
 from ingest.metrics import Metrics
@@ -100,12 +99,13 @@ def build_pipeline(settings: Settings, p: PipelineSettings, *, stop: threading.E
 
     decoder = build_decoder(p, settings.schema_registry)
     key_decoder = build_decoder(p, settings.schema_registry, "key")
-    if p.transforms:  # a schema in a file is here at start-up: refuse a step reading a field it lacks
-        from ingest.formats.check import file_schema_problems
+    if p.transforms:  # refuse a step reading a field the declared schema lacks (registry: maybe deferred)
+        import logging
 
-        problems = file_schema_problems(p, decoder, f"pipelines[{settings.pipelines.index(p)}].transforms")
-        if problems:
-            raise ConfigError("\n".join(problems))
+        from ingest.formats.check import check_transforms_at_start
+
+        check_transforms_at_start(p, decoder, f"pipelines[{settings.pipelines.index(p)}].transforms",
+                                  logging.getLogger("ingest"))
     backend = registry.backend(p.sink.kind)
     sink = build_sink(p, lanes=p.lanes)
     dlq = build_dlq(settings, p)

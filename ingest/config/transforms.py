@@ -2,8 +2,9 @@
 
 Each entry of ``transforms`` is one step, a mapping with exactly one of the step keys
 (``filter``, ``set``, ``drop``, ``rename``, ``flatten``, ``timestamp``, ``explode``) plus the optional ``when``
-(a CEL predicate: the step applies only to the records where it holds) and ``name`` (the step's
-label in metrics and DLQ messages; default ``<index>-<kind>``).
+(a CEL predicate: the step applies only to the records where it holds), ``name`` (the step's
+label in metrics and DLQ messages; default ``<index>-<kind>``) and ``replay_stable`` (``false``: its
+expressions may read ``ingest_time``, which a replay does not reproduce).
 
 Expressions are checked here for being non-empty text only. They are compiled by
 :mod:`ingest.core.transforms.compile` -- once, when the configuration is loaded
@@ -175,6 +176,9 @@ class TransformStep(Frozen):
     when: str | None = Field(default=None, min_length=1)
     #: The step's label (metrics, DLQ messages, the run summary); default ``<index>-<kind>``.
     name: str | None = None
+    #: ``false``: the step's expressions may read ``ingest_time`` (when this process transformed the
+    #: record), so a replayed record may get another result. Elsewhere reading it is refused at load.
+    replay_stable: bool = True
 
     @property
     def kind(self) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 from ingest.core.mapping.getters import _parse_path
 from ingest.core.transforms.fields import column_origin, transform_problems
-from ingest.errors import ServiceUnreachable, TransientError
+from ingest.errors import InvalidRecord, ServiceUnreachable, TransientError
 
 
 @dataclass
@@ -59,6 +59,82 @@ def file_schema_problems(pipeline: Any, decoder: Any, where: str) -> list[str]:
     _transforms(pipeline, "$", lambda steps: bool(format_has_path(schema, (*image, *steps))),
                 decoder.describe(None), report, where)
     return report.problems
+
+
+def registry_schema_problems(pipeline: Any, decoder: Any, where: str) -> SchemaReport:
+    """The transforms' problems against the latest schema of each value subject of a registry format
+    (``report.problems``; the columns are ``ingest check``'s alone), and a warning per subject the
+    registry does not hold yet (nothing to check against: no refusal). Empty for a decoder without a
+    registry or a pipeline without transforms. Raises :class:`~ingest.errors.TransientError` when the
+    registry cannot answer -- never a problem: an outage is not a refusal."""
+    report = SchemaReport()
+    store = getattr(decoder, "store", None)
+    format_has_path = getattr(decoder, "has_path", None)
+    if store is None or format_has_path is None or not getattr(pipeline, "transforms", None):
+        return report
+    image = ((True, "after"),) if getattr(pipeline, "envelope", "none") == "debezium" else ()
+    for subject in pipeline.value_subjects():
+        latest = store.latest(subject)
+        if latest is None:
+            report.warnings.append(f"pipeline {pipeline.name}: subject {subject} is not in the schema registry at "
+                                   f"{store.where} yet: the transforms are not checked against it")
+            continue
+        try:
+            parsed = store.get(latest.schema_id)
+        except InvalidRecord as exc:  # a schema the format cannot use: its records' own decode reports it
+            report.warnings.append(f"pipeline {pipeline.name}: subject {subject}: {exc}")
+            continue
+        what = f"subject {subject} version {latest.version} (schema id {latest.schema_id})"
+        _transforms(pipeline, "$", lambda steps, s=parsed: bool(format_has_path(s, (*image, *steps))), what,
+                    report, where)
+    return report
+
+
+def check_transforms_at_start(pipeline: Any, decoder: Any, where: str, log: Any) -> None:
+    """``ingest run``'s start-up check of the transforms against the schemas they read (``where``: the
+    config path of the list, ``pipelines[0].transforms``).
+
+    A schema in a file (``avro_schema``) or a registry that answers: raises ConfigError listing the
+    expressions reading a field the schema lacks (exit 2, before any adapter is built). A registry
+    that cannot answer now: logs a warning and defers the same check to the moment the pipeline
+    first fetches schemas (:meth:`~ingest.formats.registered.RegistryDecoder.defer_check`): until the
+    registry answers, the polled records are held as in any registry outage (nothing decoded,
+    dead-lettered or committed); a check that then finds problems stops the pipeline
+    (FatalPipelineError, exit 1, the same lines). So an outage is never a false refusal, and a
+    refused expression never dead-letters the records it would have failed.
+    """
+    from ingest.errors import ConfigError, FatalPipelineError
+
+    problems = file_schema_problems(pipeline, decoder, where)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    if getattr(decoder, "store", None) is None or not getattr(pipeline, "transforms", None):
+        return
+
+    def report() -> list[str]:
+        checked = registry_schema_problems(pipeline, decoder, where)
+        for line in checked.warnings:
+            log.warning(line, extra={"pipeline": pipeline.name})
+        return checked.problems
+
+    try:
+        problems = report()
+    except TransientError as exc:
+        log.warning("schema registry cannot answer at start-up: the transforms are checked against the "
+                    "subjects' schemas once it answers, before the first record is decoded",
+                    extra={"pipeline": pipeline.name, "error": str(exc)})
+
+        def deferred() -> None:
+            found = report()  # TransientError: the chunk is held and this is tried again
+            log.info("transforms checked against the schema registry", extra={"pipeline": pipeline.name,
+                                                                              "problems": len(found)})
+            if found:
+                raise FatalPipelineError("\n".join(found), error_class="transform_schema")
+
+        decoder.defer_check(deferred)
+        return
+    if problems:
+        raise ConfigError("\n".join(problems))
 
 
 def _check(pipeline: Any, decoder: Any, subjects: list[str], prefix: str, report: SchemaReport,

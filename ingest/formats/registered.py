@@ -7,7 +7,7 @@ registry's ``format`` query parameter it needs) and how to decode one record (``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ingest.errors import InvalidRecord
@@ -24,6 +24,8 @@ class RegistryDecoder:
     document = "a record"
     #: the registry's ``format`` query parameter for this format's schemas (Protobuf: ``serialized``)
     registry_format: str | None = None
+    #: a check to pass before the first schemas are fetched (:meth:`defer_check`)
+    _pending_check: Callable[[], None] | None = None
 
     def __init__(self, pipeline: Any, schema_registry: Any = None, field: wire.Field = "value") -> None:
         if schema_registry is None:
@@ -45,9 +47,20 @@ class RegistryDecoder:
         """The registry's schemas, parsed."""
         return self._store
 
+    def defer_check(self, check: Callable[[], None]) -> None:
+        """Run ``check`` in :meth:`prepare`, before any schema is fetched, until it returns once (a
+        start-up check the registry could not answer then). While it raises TransientError the
+        pipeline holds the chunk and tries again; any other exception it raises goes up (the pipeline
+        stops). Called before the pipeline runs; :meth:`prepare` runs on the pipeline thread only."""
+        self._pending_check = check
+
     def prepare(self, records: Sequence[Record]) -> None:
         """Fetch the schemas ``records`` name that are not known yet (TransientError while the registry
-        cannot answer: the pipeline holds the chunk)."""
+        cannot answer: the pipeline holds the chunk). A deferred check (:meth:`defer_check`) first."""
+        pending = self._pending_check
+        if pending is not None:
+            pending()
+            self._pending_check = None
         if self._store is not None:
             self._store.prepare(records, self._field)
 

@@ -9,8 +9,9 @@ position, e.g. ``pipelines[0].transforms[2].set.amount_cents: does not compile a
 
 from __future__ import annotations
 
+import datetime
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ingest.core.transforms import steps as S
@@ -36,12 +37,19 @@ class Transformer:
     thread-safe; the per-record state lives in a :class:`~.steps.Context`).
     """
 
-    __slots__ = ("steps", "_names", "explode_steps")
+    __slots__ = ("steps", "_names", "_clock", "_plain", "explode_steps")
 
-    def __init__(self, steps: Sequence[S.Step], expressions: Sequence[str] = ()) -> None:
-        """``expressions``: the CEL texts of the steps (which metadata variables to build)."""
+    def __init__(self, steps: Sequence[S.Step], expressions: Sequence[str] = (),
+                 clock: Callable[[], datetime.datetime] | None = None, plain_values: bool = False) -> None:
+        """``expressions``: the CEL texts of the steps (which metadata variables to build).
+        ``clock``: gives an aware datetime, ``ingest_time`` of each record, for steps declaring
+        ``replay_stable: false``; None when no step does (the clock is never read then).
+        ``plain_values``: the decoded values hold JSON values only (``format: json``): CEL takes them
+        as they are, skipping the typed values' conversion (:func:`~.cel.cel_value`)."""
         self.steps = tuple(steps)
         self._names = variables_read(list(expressions)) - {"value"}
+        self._clock = clock
+        self._plain = plain_values
         #: how many ``explode`` steps there are (:meth:`apply_exploding` returns one slot per step)
         self.explode_steps = sum(1 for step in self.steps if step.kind == "explode")
 
@@ -67,7 +75,7 @@ class Transformer:
         if type(doc) is not dict:
             raise InvalidRecord("transform", "transform_error",
                                 f"transforms need the record value to be an object, got {type(doc).__name__}")
-        ctx = S.Context(record, self._names, self.explode_steps)
+        ctx = S.Context(record, self._names, self._clock, self._plain, self.explode_steps)
         step: S.Step | None = None
         try:
             for step in self.steps:
@@ -96,38 +104,48 @@ class Transformer:
 _VALUE_STEPS = frozenset(("filter", "set", "timestamp", "explode"))
 
 
+def _wall_clock() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
 def _where(step: S.Step | None) -> str:
     return "" if step is None else f"transforms[{step.index}] ({step.label}): "
 
 
-def _fused(texts: dict[str, str], fields: list[tuple[str, Any]]) -> Any:
+def _fused(texts: dict[str, str], fields: list[tuple[str, Any]], ingest_time: bool = False) -> Any:
     """One program computing every field of ``fields`` as a CEL map (None for fewer than two)."""
     if len(fields) < 2:
         return None
     # each expression on its own line: a // comment in one ends with it
     entries = ", ".join(f"{json.dumps(field)}: ({texts[field]}\n)" for field, _ in fields)
     try:
-        return compile_expression("{" + entries + "}")
+        return compile_expression("{" + entries + "}", ingest_time=ingest_time)
     except CompileError:  # pragma: no cover - each part compiled alone; then evaluated one by one
         return None
 
 
-def compile_transforms(steps: Sequence[Any], where: str) -> Transformer | None:
+def compile_transforms(steps: Sequence[Any], where: str, *, clock: Callable[[], datetime.datetime] | None = None,
+                       plain_values: bool = False) -> Transformer | None:
     """The :class:`Transformer` of ``steps`` (:class:`ingest.config.transforms.TransformStep`), None
     when there are none. ``where``: the config path of the list (``pipelines[0].transforms``).
+    ``clock``: gives ``ingest_time`` (default: the wall clock, UTC), read once per record only when a
+    step declares ``replay_stable: false``; tests pass a fixed one. ``plain_values``: see
+    :class:`Transformer` (only where every decoded value is a JSON value).
 
     Raises :class:`~ingest.errors.ConfigError` naming ``<where>[i].<kind>[.<field>]`` and the
-    position for an expression that does not compile. Pure: no I/O.
+    position for an expression that does not compile -- one reading ``ingest_time`` in a step that
+    does not declare ``replay_stable: false`` too. Pure: no I/O.
     """
     if not steps:
         return None
     compiled: list[S.Step] = []
     for index, step in enumerate(steps):
         path = f"{where}[{index}]"
+        live = getattr(step, "replay_stable", True) is False  # may read ingest_time
 
         def program(sub: str, text: str, *, predicate: bool = False) -> Any:
             try:
-                return compile_expression(text, predicate=predicate)
+                return compile_expression(text, predicate=predicate, ingest_time=live)  # noqa: B023 - used at once
             except CompileError as exc:
                 raise ConfigError(f"{path}.{sub}: {exc}") from None  # noqa: B023 - used at once
 
@@ -147,7 +165,7 @@ def compile_transforms(steps: Sequence[Any], where: str) -> Transformer | None:
                     constants[field] = evaluate(compiled_program, empty_activation())
                 except EvalError as exc:
                     raise ConfigError(f"{path}.set.{field}: fails for every record: {exc}") from None
-            compiled.append(S.SetStep(index, label, when, fields, constants, _fused(step.set, fields)))
+            compiled.append(S.SetStep(index, label, when, fields, constants, _fused(step.set, fields, live)))
         elif kind == "drop":
             compiled.append(S.DropStep(index, label, when, list(step.drop)))
         elif kind == "rename":
@@ -166,7 +184,9 @@ def compile_transforms(steps: Sequence[Any], where: str) -> Transformer | None:
             compiled.append(S.ExplodeStep(index, label, when, slot, e.path, links, e.index_as, e.index_start))
         else:  # pragma: no cover - the settings allow no other kind
             raise ConfigError(f"{path}: unknown step kind {kind!r}")
-    return Transformer(compiled, [text for step in steps for _, text in step.expressions()])
+    live = any(getattr(step, "replay_stable", True) is False for step in steps)
+    return Transformer(compiled, [text for step in steps for _, text in step.expressions()],
+                       (clock or _wall_clock) if live else None, plain_values)
 
 
 def check_transforms(pipelines: Sequence[Any]) -> None:

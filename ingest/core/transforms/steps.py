@@ -10,10 +10,11 @@ record's ``transform_error`` dead letter naming the step. ``filter`` raises
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable
 from typing import Any
 
-from ingest.core.transforms.cel import EvalError, Program, activation, evaluate
+from ingest.core.transforms.cel import INGEST_TIME, EvalError, Program, activation, evaluate
 from ingest.errors import Filtered
 from ingest.types import Record
 
@@ -25,22 +26,31 @@ class StepError(Exception):
 class Context:
     """One record's evaluation context: the CEL variables, built once per value the steps see."""
 
-    __slots__ = ("record", "_names", "_doc", "_variables", "exploded")
+    __slots__ = ("record", "_names", "_doc", "_variables", "_clock", "_now", "_plain", "exploded")
 
-    def __init__(self, record: Record, names: frozenset[str], explode_steps: int = 0) -> None:
+    def __init__(self, record: Record, names: frozenset[str],
+                 clock: Callable[[], datetime.datetime] | None = None, plain: bool = False,
+                 explode_steps: int = 0) -> None:
         """``names``: the variables the pipeline's expressions read (:func:`~.cel.variables_read`).
-        ``explode_steps``: how many ``explode`` steps the pipeline has (slots of :attr:`exploded`)."""
+        ``clock``: gives ``ingest_time`` (read once per record, when ``names`` holds it). ``plain``:
+        the values are JSON values only (see :func:`~.cel.activation`). ``explode_steps``: how many
+        ``explode`` steps the pipeline has (slots of :attr:`exploded`)."""
         self.record = record
+        self._plain = plain
         self._names = names
         self._doc: Any = None
         self._variables: Any = None
+        self._clock = clock if INGEST_TIME in names else None
+        self._now: datetime.datetime | None = None
         #: per explode step (in order): ``(parent link values, child documents)`` where it applied, else None
         self.exploded: list[tuple[dict[str, Any], list[dict[str, Any]]] | None] = [None] * explode_steps
 
     def variables(self, doc: dict[str, Any]) -> Any:
         """The CEL variables with ``value`` = ``doc`` (rebuilt only when a step made a new value)."""
         if self._variables is None or self._doc is not doc:
-            self._variables = activation(self.record, doc, self._names)
+            if self._clock is not None and self._now is None:  # one ingest time for all the record's steps
+                self._now = self._clock()
+            self._variables = activation(self.record, doc, self._names, self._now, plain=self._plain)
             self._doc = doc
         return self._variables
 
