@@ -56,8 +56,9 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Column:
-    """One column: ``type`` is the canonical dialect type *without* ClickHouse's ``Nullable``
-    (:func:`ingest.mirror.types.normalize_type`), ``nullable`` says whether it holds NULL, ``default``
+    """One column: ``type`` is the dialect type *without* ClickHouse's ``Nullable``, spelled as a
+    config's column ``type`` (from the type map: ClickHouse ``JSON``; from a catalog: as
+    :func:`ingest.mirror.types.normalize_type` spells it, ``String``), ``nullable`` says whether it holds NULL, ``default``
     is a SQL default expression or None, ``from_key`` marks a key column the value lacks (its value is
     read from the record key)."""
 
@@ -316,7 +317,13 @@ class _Avro:
 
 
 def _avro_json(schema: Any) -> Any:
-    return json.loads(schema) if isinstance(schema, str) else schema
+    """Schema text parsed, a bare type name (``"string"``) kept, anything else as it is."""
+    if not isinstance(schema, str):
+        return schema
+    try:
+        return json.loads(schema)
+    except ValueError:
+        return schema
 
 
 def shape_from_avro(schema: Any, dialect: str, *, key_schema: Any = None, envelope: bool = False,

@@ -44,6 +44,10 @@ Logical             PostgreSQL                   ClickHouse                 from
                                                                             ``Enum`` / ``EnumSet``
 ``bytes``           ``bytea``                    ``String``                 Avro bytes / fixed / duration, Protobuf
                                                                             bytes, Connect bytes, Debezium ``Bits``
+                                                                            (ClickHouse: the String coercer takes
+                                                                            UTF-8 bytes only -- *needs a converter*
+                                                                            for binary; JSON converter bytes are
+                                                                            base64 text and fit)
 ``uuid``            ``uuid``                     ``UUID``                   Avro uuid, JSON format uuid, Debezium ``Uuid``
 ``date``            ``date``                     ``Date``                   Avro date, JSON format date, Connect /
                                                                             Debezium ``Date``
@@ -139,8 +143,9 @@ class Logical:
 
 def column_type(logical: Logical, dialect: str) -> str:
     """The column type of ``logical`` in ``dialect`` (see the table), *without* nullability: the caller
-    wraps ``Nullable(...)`` for ClickHouse (:func:`ingest.mirror.shape.Column`). Canonical spelling:
-    :func:`normalize_type` of the result is the result."""
+    wraps ``Nullable(...)`` for ClickHouse (:meth:`ingest.mirror.shape.Shape.ddl_type`). Spelled as a
+    column ``type`` of the sink's config is: ClickHouse ``JSON`` (which the mapper serialises, and
+    which is created and read back as ``String``: :func:`normalize_type` maps one to the other)."""
     if dialect == POSTGRES:
         return _pg(logical)
     if dialect == CLICKHOUSE:
@@ -336,9 +341,11 @@ def _ch_widenable(e: str, w: str) -> bool:
 
 
 def accepts(existing: str, wanted: str, dialect: str) -> bool:
-    """A column of canonical type ``existing`` holds every value of canonical type ``wanted`` (types as
-    :func:`normalize_type` spells them; ClickHouse without the column's own ``Nullable``)."""
-    return _pg_accepts(existing, wanted) if dialect == POSTGRES else _ch_accepts(existing, wanted)
+    """A column of type ``existing`` holds every value of type ``wanted`` (ClickHouse types without the
+    column's own ``Nullable``). Both are compared as :func:`normalize_type` spells them, so a ``JSON``
+    column is the ``String`` the catalog shows."""
+    e, w = normalize_type(existing, dialect), normalize_type(wanted, dialect)
+    return _pg_accepts(e, w) if dialect == POSTGRES else _ch_accepts(e, w)
 
 
 def widening(existing: str, wanted: str, dialect: str) -> str | None:
@@ -347,5 +354,6 @@ def widening(existing: str, wanted: str, dialect: str) -> str | None:
     accepts ``wanted`` or the change is not a widening."""
     if accepts(existing, wanted, dialect) or not accepts(wanted, existing, dialect):
         return None
-    ok = _pg_widenable(existing, wanted) if dialect == POSTGRES else _ch_widenable(existing, wanted)
+    e, w = normalize_type(existing, dialect), normalize_type(wanted, dialect)
+    ok = _pg_widenable(e, w) if dialect == POSTGRES else _ch_widenable(e, w)
     return wanted if ok else None
