@@ -33,7 +33,8 @@ database and table), and made safe across processes by re-planning: read the cat
 statements one by one, read again, until the plan is empty. ``CREATE TABLE IF NOT EXISTS`` and a
 ``MODIFY COLUMN`` to a type the column already has are no-ops; an ``ADD COLUMN`` that another process
 ran first (DUPLICATE_COLUMN), a table or database created first (TABLE_ALREADY_EXISTS,
-DATABASE_ALREADY_EXISTS) send the loop round again. The table is the one the ClickHouse sink and
+DATABASE_ALREADY_EXISTS) send the loop round again, and when the catalog read again still
+needs that statement it was no race: the server's error is raised. The table is the one the ClickHouse sink and
 ``ingest migrate`` create: ``ReplacingMergeTree(version)`` (``ReplacingMergeTree(version,
 _ingest_deleted)`` with deletes) ``ORDER BY`` the key, with ``non_replicated_deduplication_window``;
 the version column (default ``_version UInt64``, fed from the Kafka offset) is added when the shape
@@ -375,9 +376,11 @@ def read_clickhouse_shape(client: Any, database: str, table: str) -> Shape | Non
     return Shape(CLICKHOUSE, tuple(columns), tuple(key))
 
 
-#: ClickHouse error codes of a DDL that lost a race: DUPLICATE_COLUMN, TABLE_ALREADY_EXISTS,
-#: DATABASE_ALREADY_EXISTS.
-_CH_LOST_RACE = frozenset({15, 57, 82})
+#: ClickHouse error codes of a DDL that may have lost a race: DUPLICATE_COLUMN (ILLEGAL_COLUMN on
+#: servers before about 19.x, which say "column with this name already exists" with code 44),
+#: TABLE_ALREADY_EXISTS, DATABASE_ALREADY_EXISTS. It was a lost race when the catalog, read again, no
+#: longer needs the statement; when it still does, the error is raised as it is.
+_CH_LOST_RACE = frozenset({15, 44, 57, 82})
 _ch_locks: dict[tuple[str, str], threading.Lock] = {}
 _ch_locks_guard = threading.Lock()
 
@@ -409,6 +412,7 @@ def ensure_clickhouse(client: Any, where: ClickHouseTable, wanted: Shape, mode: 
         with _ch_lock(where.database, where.table):
             ran: list[str] = []
             first: Action | None = None
+            failed: tuple[str, Exception] | None = None
             for _ in range(MAX_ROUNDS):
                 existing = read_clickhouse_shape(client, where.database, where.table)
                 p = plan(existing, wanted, mode)
@@ -416,13 +420,18 @@ def ensure_clickhouse(client: Any, where: ClickHouseTable, wanted: Shape, mode: 
                     return DdlResult(where.table, "incompatible", tuple(ran), existing, p)
                 if p.empty:
                     return DdlResult(where.table, first if (first and ran) else "unchanged", tuple(ran), existing)
+                statements = clickhouse_statements(where, p)
+                if failed is not None and failed[0] in statements:
+                    raise failed[1]  # not a lost race after all: the catalog still lacks what it refused
+                failed = None
                 if first is None:
                     first = _action(p)
-                for stmt in clickhouse_statements(where, p):
+                for stmt in statements:
                     try:
                         client.command(stmt)
                     except Exception as exc:  # noqa: BLE001 - a lost race, or translated below
                         if error_code(exc) in _CH_LOST_RACE:
+                            failed = (stmt, exc)
                             break  # someone else did it first: read again, plan again
                         raise
                     ran.append(stmt)
