@@ -61,11 +61,15 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from ingest.core.dialects import ch_type, pg_base_type
+from ingest.drivers.postgres import classify as classify_pg
 from ingest.errors import MigrationError, TransientError
 from ingest.mirror.evolve import Change, Evolve, Incompatible, Plan, plan
 from ingest.mirror.names import CLICKHOUSE, POSTGRES
 from ingest.mirror.shape import Column, Shape
 from ingest.mirror.types import normalize_type, split_nullable
+from ingest.sinks.clickhouse.errors import classify as classify_ch
+from ingest.sinks.clickhouse.errors import error_code
+from ingest.sinks.clickhouse.sink import quote_ident
 
 __all__ = [
     "MAX_ROUNDS", "ClickHouseTable", "DdlResult", "clickhouse_statements", "ensure_clickhouse", "ensure_postgres",
@@ -245,9 +249,7 @@ def _ensure_postgres(conn: psycopg.Connection[Any], schema: str, table: str, wan
 
 
 def _pg_error(exc: psycopg.Error, schema: str, table: str) -> Exception:
-    from ingest.drivers.postgres import classify
-
-    err = classify(exc)
+    err = classify_pg(exc)
     if isinstance(err, TransientError):
         return err
     return MigrationError(f"table {schema}.{table}: the database refused the DDL: {err}")
@@ -281,10 +283,7 @@ class ClickHouseTable:
         return tuple(out)
 
 
-def _quote(name: str) -> str:
-    from ingest.sinks.clickhouse.sink import quote_ident
-
-    return quote_ident(name)
+_quote = quote_ident
 
 
 def _ch_ddl_type(shape: Shape, c: Column) -> str:
@@ -396,8 +395,6 @@ def ensure_clickhouse(client: Any, where: ClickHouseTable, wanted: Shape, mode: 
     :meth:`ClickHouseTable.managed_columns`) under ``mode`` (see the module docstring). ``client``: a
     clickhouse-connect client. Blocks while another thread of this process runs DDL on the table.
     Raises TransientError (the server does not answer, too many lost races) or MigrationError."""
-    from ingest.sinks.clickhouse.errors import classify, error_code
-
     if wanted.dialect != CLICKHOUSE:
         raise ValueError("a ClickHouse table needs a clickhouse shape")
     wanted = wanted.with_columns(where.managed_columns(wanted))
@@ -439,7 +436,7 @@ def ensure_clickhouse(client: Any, where: ClickHouseTable, wanted: Shape, mode: 
     except (TransientError, MigrationError, ValueError):
         raise
     except Exception as exc:  # noqa: BLE001 - driver errors, translated at this boundary
-        err = classify(exc)
+        err = classify_ch(exc)
         if isinstance(err, TransientError):
             raise err from exc
         raise MigrationError(f"table {name}: ClickHouse refused the DDL: {err}") from exc

@@ -400,3 +400,24 @@ def test_clickhouse_every_type_and_the_deletes_engine_on_a_modern_server(chdb) -
     assert cdc.action == "created"
     assert layout(read_clickhouse_shape(client, "mirror", "cdc")) == layout(
         debezium.with_columns([Column("_version", "UInt64", False)]))
+
+
+# =========================================================================== errors at the boundary
+
+
+def test_a_lost_postgres_connection_is_transient_and_a_refused_clickhouse_statement_is_a_migration_error(
+        pg, pg_dsn, ch) -> None:
+    from ingest.errors import MigrationError, TransientError
+
+    victim = psycopg.connect(pg_dsn, autocommit=True)
+    try:
+        pid = victim.info.backend_pid
+        pg.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(TransientError):
+            ensure_postgres(victim, "public", "t", shape(POSTGRES, id=("bigint", False)))
+    finally:
+        victim.close()
+    client, db, dedup = ch
+    refused = shape(CLICKHOUSE, id=("Int64", False), at=("DateTime64(3, 'No/Such_Zone')", True))
+    with pytest.raises(MigrationError, match=r"table mirror_.*\.bad: ClickHouse refused the DDL"):
+        ensure_clickhouse(client, ClickHouseTable("bad", database=db, deduplication_window=dedup), refused)
