@@ -143,7 +143,8 @@ def read_postgres_shape(conn: psycopg.Connection[Any], schema: str, table: str) 
         "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
         "WHERE i.indrelid = %s AND i.indisprimary ORDER BY array_position(i.indkey::int2[], a.attnum)",
         (oid,)).fetchall()
-    columns = tuple(Column(name, normalize_type(t, POSTGRES), not notnull, default) for name, t, notnull, default in cols)
+    columns = tuple(Column(name, normalize_type(t, POSTGRES), not notnull, default)
+                    for name, t, notnull, default in cols)
     return Shape(POSTGRES, columns, tuple(k for (k,) in key))
 
 

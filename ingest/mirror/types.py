@@ -48,7 +48,8 @@ Logical             PostgreSQL                   ClickHouse                 from
                                                                             UTF-8 bytes only -- *needs a converter*
                                                                             for binary; JSON converter bytes are
                                                                             base64 text and fit)
-``uuid``            ``uuid``                     ``UUID``                   Avro uuid, JSON format uuid, Debezium ``Uuid``
+``uuid``            ``uuid``                     ``UUID``                   Avro uuid, JSON format uuid, Debezium
+                                                                            ``Uuid``
 ``date``            ``date``                     ``Date``                   Avro date, JSON format date, Connect /
                                                                             Debezium ``Date``
 ``time``            ``time``                     ``String`` (ISO text)      Avro time-millis / -micros, JSON format

@@ -308,7 +308,8 @@ def test_clickhouse_create_read_back_recreate_add_and_widen(ch) -> None:
     assert grown.action == "altered" and all("ADD COLUMN" in s for s in grown.statements)
     assert client.query(f"SELECT id, added, more FROM `{db}`.items").result_rows == [(1, None, [])]
 
-    v3 = Shape(CLICKHOUSE, tuple(Column(c.name, "Int64", c.nullable) if c.name == "n" else c for c in v2.columns), ("id",))
+    v3 = Shape(CLICKHOUSE, tuple(Column(c.name, "Int64", c.nullable) if c.name == "n" else c for c in v2.columns),
+               ("id",))
     assert ensure_clickhouse(client, where, v3, "add_columns").action == "incompatible"
     widened = ensure_clickhouse(client, where, v3, "add_and_widen")
     assert widened.action == "altered" and "MODIFY COLUMN" in widened.statements[0]
