@@ -72,8 +72,9 @@ from ingest.sinks.clickhouse.errors import error_code
 from ingest.sinks.clickhouse.sink import quote_ident
 
 __all__ = [
-    "MAX_ROUNDS", "ClickHouseTable", "DdlResult", "clickhouse_statements", "ensure_clickhouse", "ensure_postgres",
-    "lock_key", "postgres_statements", "read_clickhouse_shape", "read_postgres_shape",
+    "MAX_ROUNDS", "ClickHouseTable", "DdlResult", "clickhouse_statements", "clickhouse_tables", "ensure_clickhouse",
+    "ensure_postgres", "lock_key", "postgres_statements", "postgres_tables", "read_clickhouse_shape",
+    "read_postgres_shape",
 ]
 
 #: Attempts (lost races included) before giving up with a TransientError.
@@ -88,7 +89,9 @@ class DdlResult:
 
     ``statements``: the SQL run (or to run), as text; ``shape``: the table's shape afterwards (for a
     dry run: as it would be; for ``incompatible``: as it is); ``incompatible``: the differences when
-    ``action`` is ``incompatible``.
+    ``action`` is ``incompatible``. ``created`` means this call ran the CREATE: in PostgreSQL, under the
+    lock, only the call that found no table; in ClickHouse another process's ``CREATE TABLE IF NOT
+    EXISTS`` may have run first (both then say ``created``).
     """
 
     table: str
@@ -146,6 +149,13 @@ def read_postgres_shape(conn: psycopg.Connection[Any], schema: str, table: str) 
     columns = tuple(Column(name, normalize_type(t, POSTGRES), not notnull, default)
                     for name, t, notnull, default in cols)
     return Shape(POSTGRES, columns, tuple(k for (k,) in key))
+
+
+def postgres_tables(conn: psycopg.Connection[Any], schema: str) -> list[str]:
+    """The names of the tables in ``schema`` (to seed a :class:`ingest.mirror.names.NameGuard`)."""
+    rows = conn.execute("SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                        "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') ORDER BY c.oid", (schema,)).fetchall()
+    return [r[0] for r in rows]
 
 
 def _pg_type(t: str) -> sql.SQL:
@@ -348,6 +358,12 @@ def _split_key(sorting_key: str) -> list[str]:
             out.append(sorting_key[i:j].strip())
             i = j
     return out
+
+
+def clickhouse_tables(client: Any, database: str) -> list[str]:
+    """The names of the tables in ``database`` (to seed a :class:`ingest.mirror.names.NameGuard`)."""
+    return [r[0] for r in client.query("SELECT name FROM system.tables WHERE database = %(db)s",
+                                       parameters={"db": database}).result_rows]
 
 
 def read_clickhouse_shape(client: Any, database: str, table: str) -> Shape | None:

@@ -29,9 +29,11 @@ from harness.clickhouse import http_client, needs_shim
 from ingest.mirror.ddl import (
     ClickHouseTable,
     DdlResult,
+    clickhouse_tables,
     ensure_clickhouse,
     ensure_postgres,
     read_clickhouse_shape,
+    postgres_tables,
     read_postgres_shape,
 )
 from ingest.mirror.errors import Unroutable
@@ -172,8 +174,8 @@ def test_postgres_hostile_names(pg) -> None:
     assert err.value.reason == "too_long"
     # a second spelling of a name the catalog already has is refused
     pg.execute('CREATE TABLE "Orders" (id bigint)')
-    existing = [r[0] for r in pg.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
-    guard = NameGuard(POSTGRES, existing)
+    assert postgres_tables(pg, "public") == ["Orders"]
+    guard = NameGuard(POSTGRES, postgres_tables(pg, "public"))
     with pytest.raises(Unroutable) as err:
         guard.claim(sanitize_table("orders", POSTGRES))
     assert err.value.reason == "case_collision"
@@ -344,6 +346,7 @@ def test_clickhouse_hostile_names(ch) -> None:
     assert read.key == ("i`d",)
     assert layout(read) == layout(wanted.with_columns([Column("_version", "UInt64", False)]))
     assert ensure_clickhouse(client, where, wanted).action == "unchanged"
+    assert clickhouse_tables(client, db) == [table]
     with pytest.raises(Unroutable) as err:
         sanitize_table("t" * 200, CLICKHOUSE, database=db)
     assert err.value.reason == "too_long"
