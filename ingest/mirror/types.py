@@ -93,7 +93,7 @@ from dataclasses import dataclass
 from ingest.core.dialects import ch_type, pg_base_type
 from ingest.mirror.names import CLICKHOUSE, POSTGRES
 
-__all__ = ["Logical", "column_type", "normalize_type", "split_nullable"]
+__all__ = ["Logical", "accepts", "ch_nullable", "column_type", "normalize_type", "split_nullable", "widening"]
 
 #: Logical kinds without parameters.
 SIMPLE_KINDS = frozenset({
