@@ -61,15 +61,20 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from ingest.core.dialects import ch_type, pg_base_type
+from ingest.drivers.postgres import classify as classify_pg
 from ingest.errors import MigrationError, TransientError
 from ingest.mirror.evolve import Change, Evolve, Incompatible, Plan, plan
 from ingest.mirror.names import CLICKHOUSE, POSTGRES
 from ingest.mirror.shape import Column, Shape
 from ingest.mirror.types import normalize_type, split_nullable
+from ingest.sinks.clickhouse.errors import classify as classify_ch
+from ingest.sinks.clickhouse.errors import error_code
+from ingest.sinks.clickhouse.sink import quote_ident
 
 __all__ = [
-    "MAX_ROUNDS", "ClickHouseTable", "DdlResult", "clickhouse_statements", "ensure_clickhouse", "ensure_postgres",
-    "lock_key", "postgres_statements", "read_clickhouse_shape", "read_postgres_shape",
+    "MAX_ROUNDS", "ClickHouseTable", "DdlResult", "clickhouse_statements", "clickhouse_tables", "ensure_clickhouse",
+    "ensure_postgres", "lock_key", "postgres_statements", "postgres_tables", "read_clickhouse_shape",
+    "read_postgres_shape",
 ]
 
 #: Attempts (lost races included) before giving up with a TransientError.
@@ -84,7 +89,9 @@ class DdlResult:
 
     ``statements``: the SQL run (or to run), as text; ``shape``: the table's shape afterwards (for a
     dry run: as it would be; for ``incompatible``: as it is); ``incompatible``: the differences when
-    ``action`` is ``incompatible``.
+    ``action`` is ``incompatible``. ``created`` means this call ran the CREATE: in PostgreSQL, under the
+    lock, only the call that found no table; in ClickHouse another process's ``CREATE TABLE IF NOT
+    EXISTS`` may have run first (both then say ``created``).
     """
 
     table: str
@@ -139,8 +146,16 @@ def read_postgres_shape(conn: psycopg.Connection[Any], schema: str, table: str) 
         "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
         "WHERE i.indrelid = %s AND i.indisprimary ORDER BY array_position(i.indkey::int2[], a.attnum)",
         (oid,)).fetchall()
-    columns = tuple(Column(name, normalize_type(t, POSTGRES), not notnull, default) for name, t, notnull, default in cols)
+    columns = tuple(Column(name, normalize_type(t, POSTGRES), not notnull, default)
+                    for name, t, notnull, default in cols)
     return Shape(POSTGRES, columns, tuple(k for (k,) in key))
+
+
+def postgres_tables(conn: psycopg.Connection[Any], schema: str) -> list[str]:
+    """The names of the tables in ``schema`` (to seed a :class:`ingest.mirror.names.NameGuard`)."""
+    rows = conn.execute("SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                        "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') ORDER BY c.oid", (schema,)).fetchall()
+    return [r[0] for r in rows]
 
 
 def _pg_type(t: str) -> sql.SQL:
@@ -245,9 +260,7 @@ def _ensure_postgres(conn: psycopg.Connection[Any], schema: str, table: str, wan
 
 
 def _pg_error(exc: psycopg.Error, schema: str, table: str) -> Exception:
-    from ingest.drivers.postgres import classify
-
-    err = classify(exc)
+    err = classify_pg(exc)
     if isinstance(err, TransientError):
         return err
     return MigrationError(f"table {schema}.{table}: the database refused the DDL: {err}")
@@ -281,10 +294,7 @@ class ClickHouseTable:
         return tuple(out)
 
 
-def _quote(name: str) -> str:
-    from ingest.sinks.clickhouse.sink import quote_ident
-
-    return quote_ident(name)
+_quote = quote_ident
 
 
 def _ch_ddl_type(shape: Shape, c: Column) -> str:
@@ -350,6 +360,12 @@ def _split_key(sorting_key: str) -> list[str]:
     return out
 
 
+def clickhouse_tables(client: Any, database: str) -> list[str]:
+    """The names of the tables in ``database`` (to seed a :class:`ingest.mirror.names.NameGuard`)."""
+    return [r[0] for r in client.query("SELECT name FROM system.tables WHERE database = %(db)s",
+                                       parameters={"db": database}).result_rows]
+
+
 def read_clickhouse_shape(client: Any, database: str, table: str) -> Shape | None:
     """The shape of ``database.table`` from ``system.tables`` / ``system.columns`` (clickhouse-connect
     client), or None when there is no such table. Raises the client's errors as they come."""
@@ -396,8 +412,6 @@ def ensure_clickhouse(client: Any, where: ClickHouseTable, wanted: Shape, mode: 
     :meth:`ClickHouseTable.managed_columns`) under ``mode`` (see the module docstring). ``client``: a
     clickhouse-connect client. Blocks while another thread of this process runs DDL on the table.
     Raises TransientError (the server does not answer, too many lost races) or MigrationError."""
-    from ingest.sinks.clickhouse.errors import classify, error_code
-
     if wanted.dialect != CLICKHOUSE:
         raise ValueError("a ClickHouse table needs a clickhouse shape")
     wanted = wanted.with_columns(where.managed_columns(wanted))
@@ -439,7 +453,7 @@ def ensure_clickhouse(client: Any, where: ClickHouseTable, wanted: Shape, mode: 
     except (TransientError, MigrationError, ValueError):
         raise
     except Exception as exc:  # noqa: BLE001 - driver errors, translated at this boundary
-        err = classify(exc)
+        err = classify_ch(exc)
         if isinstance(err, TransientError):
             raise err from exc
         raise MigrationError(f"table {name}: ClickHouse refused the DDL: {err}") from exc

@@ -58,9 +58,9 @@ __all__ = [
 class Column:
     """One column: ``type`` is the dialect type *without* ClickHouse's ``Nullable``, spelled as a
     config's column ``type`` (from the type map: ClickHouse ``JSON``; from a catalog: as
-    :func:`ingest.mirror.types.normalize_type` spells it, ``String``), ``nullable`` says whether it holds NULL, ``default``
-    is a SQL default expression or None, ``from_key`` marks a key column the value lacks (its value is
-    read from the record key)."""
+    :func:`ingest.mirror.types.normalize_type` spells it, ``String``), ``nullable`` says whether it
+    holds NULL, ``default`` is a SQL default expression or None, ``from_key`` marks a key column the
+    value lacks (its value is read from the record key)."""
 
     name: str
     type: str
@@ -423,7 +423,8 @@ class _JsonSchema:
             target: Any = self.root
             for part in node["$ref"].lstrip("#").strip("/").split("/"):
                 if part:
-                    target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, dict) else None
+                    key = part.replace("~1", "/").replace("~0", "~")
+                    target = target.get(key) if isinstance(target, dict) else None
             node = target
         return node
 

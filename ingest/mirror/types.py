@@ -48,7 +48,8 @@ Logical             PostgreSQL                   ClickHouse                 from
                                                                             UTF-8 bytes only -- *needs a converter*
                                                                             for binary; JSON converter bytes are
                                                                             base64 text and fit)
-``uuid``            ``uuid``                     ``UUID``                   Avro uuid, JSON format uuid, Debezium ``Uuid``
+``uuid``            ``uuid``                     ``UUID``                   Avro uuid, JSON format uuid, Debezium
+                                                                            ``Uuid``
 ``date``            ``date``                     ``Date``                   Avro date, JSON format date, Connect /
                                                                             Debezium ``Date``
 ``time``            ``time``                     ``String`` (ISO text)      Avro time-millis / -micros, JSON format
@@ -92,7 +93,7 @@ from dataclasses import dataclass
 from ingest.core.dialects import ch_type, pg_base_type
 from ingest.mirror.names import CLICKHOUSE, POSTGRES
 
-__all__ = ["Logical", "column_type", "normalize_type", "split_nullable"]
+__all__ = ["Logical", "accepts", "ch_nullable", "column_type", "normalize_type", "split_nullable", "widening"]
 
 #: Logical kinds without parameters.
 SIMPLE_KINDS = frozenset({

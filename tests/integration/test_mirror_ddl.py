@@ -29,9 +29,11 @@ from harness.clickhouse import http_client, needs_shim
 from ingest.mirror.ddl import (
     ClickHouseTable,
     DdlResult,
+    clickhouse_tables,
     ensure_clickhouse,
     ensure_postgres,
     read_clickhouse_shape,
+    postgres_tables,
     read_postgres_shape,
 )
 from ingest.mirror.errors import Unroutable
@@ -172,8 +174,8 @@ def test_postgres_hostile_names(pg) -> None:
     assert err.value.reason == "too_long"
     # a second spelling of a name the catalog already has is refused
     pg.execute('CREATE TABLE "Orders" (id bigint)')
-    existing = [r[0] for r in pg.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
-    guard = NameGuard(POSTGRES, existing)
+    assert postgres_tables(pg, "public") == ["Orders"]
+    guard = NameGuard(POSTGRES, postgres_tables(pg, "public"))
     with pytest.raises(Unroutable) as err:
         guard.claim(sanitize_table("orders", POSTGRES))
     assert err.value.reason == "case_collision"
@@ -308,7 +310,8 @@ def test_clickhouse_create_read_back_recreate_add_and_widen(ch) -> None:
     assert grown.action == "altered" and all("ADD COLUMN" in s for s in grown.statements)
     assert client.query(f"SELECT id, added, more FROM `{db}`.items").result_rows == [(1, None, [])]
 
-    v3 = Shape(CLICKHOUSE, tuple(Column(c.name, "Int64", c.nullable) if c.name == "n" else c for c in v2.columns), ("id",))
+    v3 = Shape(CLICKHOUSE, tuple(Column(c.name, "Int64", c.nullable) if c.name == "n" else c for c in v2.columns),
+               ("id",))
     assert ensure_clickhouse(client, where, v3, "add_columns").action == "incompatible"
     widened = ensure_clickhouse(client, where, v3, "add_and_widen")
     assert widened.action == "altered" and "MODIFY COLUMN" in widened.statements[0]
@@ -343,6 +346,7 @@ def test_clickhouse_hostile_names(ch) -> None:
     assert read.key == ("i`d",)
     assert layout(read) == layout(wanted.with_columns([Column("_version", "UInt64", False)]))
     assert ensure_clickhouse(client, where, wanted).action == "unchanged"
+    assert clickhouse_tables(client, db) == [table]
     with pytest.raises(Unroutable) as err:
         sanitize_table("t" * 200, CLICKHOUSE, database=db)
     assert err.value.reason == "too_long"
@@ -400,3 +404,24 @@ def test_clickhouse_every_type_and_the_deletes_engine_on_a_modern_server(chdb) -
     assert cdc.action == "created"
     assert layout(read_clickhouse_shape(client, "mirror", "cdc")) == layout(
         debezium.with_columns([Column("_version", "UInt64", False)]))
+
+
+# =========================================================================== errors at the boundary
+
+
+def test_a_lost_postgres_connection_is_transient_and_a_refused_clickhouse_statement_is_a_migration_error(
+        pg, pg_dsn, ch) -> None:
+    from ingest.errors import MigrationError, TransientError
+
+    victim = psycopg.connect(pg_dsn, autocommit=True)
+    try:
+        pid = victim.info.backend_pid
+        pg.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(TransientError):
+            ensure_postgres(victim, "public", "t", shape(POSTGRES, id=("bigint", False)))
+    finally:
+        victim.close()
+    client, db, dedup = ch
+    refused = shape(CLICKHOUSE, id=("Int64", False), at=("DateTime64(3, 'No/Such_Zone')", True))
+    with pytest.raises(MigrationError, match=r"table mirror_.*\.bad: ClickHouse refused the DDL"):
+        ensure_clickhouse(client, ClickHouseTable("bad", database=db, deduplication_window=dedup), refused)

@@ -467,7 +467,8 @@ def test_union_refuses_types_that_cannot_share_a_column_and_different_keys() -> 
 
 
 def test_a_clickhouse_array_some_schema_lacks_gets_an_empty_default_not_nullable() -> None:
-    u = union([_shape(CLICKHOUSE, id=("Int64", False), a=("Array(Int32)", False)), _shape(CLICKHOUSE, id=("Int64", False))])
+    u = union([_shape(CLICKHOUSE, id=("Int64", False), a=("Array(Int32)", False)),
+               _shape(CLICKHOUSE, id=("Int64", False))])
     assert u.column("a") == Column("a", "Array(Int32)", False, "[]")
 
 
