@@ -31,7 +31,7 @@ from ingest.core.mapping import Mapper
 from ingest.core.transforms import Transformer, compile_transforms
 from ingest.errors import IngestError, InvalidRecord, NoChange
 from ingest.formats.base import Decoder
-from ingest.formats.json import decode_error
+from ingest.formats.json import JsonDecoder, decode_error
 from ingest.types import DeleteRow, FamilyRow, Record
 
 __all__ = ["ChangeMapper", "ChildMapper", "TransformingMapper", "mapper_for"]
@@ -44,7 +44,25 @@ _HIDDEN_PREFIX = "_ingest_"
 
 
 def mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,
-               key_decoder: Decoder | None = None) -> Mapper | ChangeMapper | TransformingMapper:
+               key_decoder: Decoder | None = None) -> Any:
+    """The mapper of ``settings`` (:func:`_mapper_for`), wrapped in a
+    :class:`~ingest.mirror.router.RoutingMapper` when ``sink.table`` is a template."""
+    mapper = _mapper_for(settings, decoder=decoder, key_decoder=key_decoder)
+    if not settings.routes_tables:
+        return mapper
+    from ingest.mirror.names import Reserved
+    from ingest.mirror.router import RoutingMapper, TableRouter
+
+    tombstones = getattr(settings.deletes, "tombstone_table", None) if settings.has_deletes else None
+    router = TableRouter(settings.table_template, settings.topic_selector, settings.sink.kind,
+                         reserved=Reserved(settings.dlq.table, frozenset([tombstones] if tombstones else [])),
+                         deletes=settings.has_deletes, database=getattr(settings.sink, "database", "default"))
+    decode = (decoder or JsonDecoder()).decode
+    return RoutingMapper(mapper, router, decode)
+
+
+def _mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,
+                key_decoder: Decoder | None = None) -> Mapper | ChangeMapper | TransformingMapper:
     """The mapper of ``settings``: a plain :class:`Mapper`, a :class:`ChangeMapper` when records can
     delete, a :class:`TransformingMapper` when the pipeline has transforms and no deletes (a
     ChangeMapper applies them itself). Every caller -- the pipeline, ``replay-dlq``, ``preview`` --

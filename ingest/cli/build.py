@@ -80,6 +80,15 @@ class Built:
         """Connect the sink now: the first batch should not pay for it. Never raises."""
         self.resources[0].warm_up()
 
+    def summary(self) -> dict[str, object]:
+        """The pipeline's run statistics (``--summary-json``), with the rows written per table when the
+        pipeline routes to many tables."""
+        out = self.pipeline.stats.as_dict()
+        tables = getattr(self.resources[0], "tables_written", None)
+        if tables is not None and getattr(self.resources[0], "routed", False):
+            out["rows_written_by_table"] = tables()
+        return out
+
     def close(self) -> None:
         import logging
 

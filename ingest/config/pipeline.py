@@ -26,6 +26,8 @@ from pydantic import (
 
 from ingest.config import kinds
 from ingest.core.topics import DEFAULT_EXCLUDE_TOPICS, TopicSelector, is_pattern
+from ingest.mirror.errors import TemplateError
+from ingest.mirror.template import TableTemplate
 from ingest.config.base import (
     SECRET_CLIENT_KEYS,
     SOURCE_RE,
@@ -287,11 +289,50 @@ class PipelineSettings(Frozen):
         return self
 
     def collapse_rule(self) -> CollapseRule:
-        """The sink's collapse rule (ingest.core.collapse), merging soft deletes when the pipeline has them."""
+        """The sink's collapse rule (ingest.core.collapse), merging soft deletes when the pipeline has them.
+        A pipeline that routes to many tables keys its rows by table too (the table is the rows' last
+        value: :mod:`ingest.mirror.router`)."""
         rule = self.sink.collapse_rule()
+        if self.routes_tables and rule.key_index is not None:
+            rule = dataclasses.replace(rule, key_index=(*rule.key_index, len(self.sink.columns)))
         if self.has_deletes and self.deletes.mode == "soft":
             return dataclasses.replace(rule, merge_deletes=True)
         return rule
+
+    @property
+    def table_template(self) -> TableTemplate:
+        """``sink.table`` parsed as a template (:mod:`ingest.mirror.template`; a plain name is a constant)."""
+        return TableTemplate.for_topics(self.sink.table, self.topics)
+
+    @property
+    def routes_tables(self) -> bool:
+        """``sink.table`` is a template with placeholders: each record's table is resolved from it."""
+        return "{" in self.sink.table and not self.table_template.is_constant
+
+    @model_validator(mode="after")
+    def _routing(self) -> PipelineSettings:
+        """A ``sink.table`` template must parse, read only what the records have, and go with what
+        routing supports (see README "Mirroring a database")."""
+        if "{" not in self.sink.table and "}" not in self.sink.table:
+            return self
+        try:
+            template = self.table_template
+        except TemplateError as exc:
+            raise ValueError(f"sink.table: {exc}") from None
+        if template.is_constant:
+            return self
+        if template.uses_source and self.envelope == "none":
+            raise ValueError("sink.table: {source.FIELD} reads a change event's source block: set envelope debezium")
+        if self.sink.kind != "postgres":
+            raise ValueError(f"sink.table: a table template needs sink.kind postgres (not {self.sink.kind!r} yet)")
+        if self.explode_steps:
+            raise ValueError("sink.table: a table template does not combine with explode steps yet")
+        if getattr(self.sink, "write_method", "copy") != "copy":
+            raise ValueError("sink.table: a table template needs sink.write_method copy")
+        if self.has_deletes and self.deletes.tombstone_table is not None:
+            raise ValueError("deletes.tombstone_table: with a table template each table gets its own "
+                             "(<table>_ingest_deleted); remove the setting")
+        return self
 
     @model_validator(mode="after")
     def _transform_labels(self) -> PipelineSettings:

@@ -21,7 +21,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ingest"
 #: What ``ingest.config`` may import of ingest: itself, the error types, the pure core, and
 #: ``ingest.redact`` -- a leaf (it imports no ingest module) that ``load_settings`` hands every
 #: loaded secret to for masking.
-CONFIG_MAY_IMPORT = ("ingest.config", "ingest.errors", "ingest.core", "ingest.redact")
+CONFIG_MAY_IMPORT = ("ingest.config", "ingest.errors", "ingest.core", "ingest.redact",
+                     # pure: the table template, names and type map of pipelines that route to many tables
+                     "ingest.mirror")
 
 
 def modules(package: Path) -> dict[str, Path]:

@@ -21,7 +21,8 @@ class PostgresBackend:
         cfg = self._settings(pipeline)
         children = [ChildTable(slot, cfg, explode) for slot, (_, explode) in enumerate(pipeline.explode_steps)]
         return PostgresSink(cfg, pool_size=lanes + 1, name=f"{pipeline.name}-sink",
-                            deletes=pipeline.deletes if pipeline.has_deletes else None, children=children)
+                            deletes=pipeline.deletes if pipeline.has_deletes else None, children=children,
+                            routed=pipeline.routes_tables)
 
     def migrate(self, pipeline: PipelineSettings) -> list[str]:
         return migrate_postgres(pipeline)
@@ -32,6 +33,8 @@ class PostgresBackend:
 
     def describe(self, settings: object) -> str:
         assert isinstance(settings, PostgresSinkSettings)
+        if "{" in settings.table:
+            return f"tables {settings.db_schema}.{settings.table} (a template: one table per record's name)"
         return f"table {settings.db_schema}.{settings.table}"
 
     def offset_store(self, pipeline: PipelineSettings) -> StoredOffsets | None:

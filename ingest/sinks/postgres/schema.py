@@ -16,34 +16,11 @@ import psycopg
 from psycopg import sql
 
 from ingest.config import PipelineSettings
-from ingest.core.dialects import pg_base_type
 from ingest.drivers.postgres import classify, connect, execute_ddl, load_sql
 from ingest.errors import ConfigError, MigrationError
 from ingest.sinks.postgres.exactly_once import LANE_OFFSETS_TABLE, OFFSETS_TABLE
-from ingest.sinks.postgres.settings import SOURCE_COLUMNS, PostgresSinkSettings
-from ingest.sinks.postgres.statements import DeleteStatements, tombstone_table_name
-
-
-def sink_table_sql(cfg: PostgresSinkSettings) -> list[sql.Composable]:
-    cols = []
-    for name, spec in cfg.columns.items():
-        not_null = spec.required or name in cfg.conflict_key
-        cols.append(
-            sql.SQL("{} {}{}").format(
-                sql.Identifier(name), sql.SQL(pg_base_type(spec.type)[1]), sql.SQL(" NOT NULL" if not_null else "")
-            )
-        )
-    if cfg.conflict_key:
-        cols.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(sql.Identifier(k) for k in cfg.conflict_key)))
-    table = sql.Identifier(cfg.db_schema, cfg.table)
-    statements: list[sql.Composable] = [
-        sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(cfg.db_schema)),
-        sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(table, sql.SQL(", ").join(cols)),
-    ]
-    if cfg.tracks_sources:  # tables made before ingest kept row sources get the columns (NULL: unknown)
-        statements += [sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} bigint").format(table, sql.Identifier(name))
-                       for name in SOURCE_COLUMNS]
-    return statements
+from ingest.sinks.postgres.settings import PostgresSinkSettings
+from ingest.sinks.postgres.statements import DeleteStatements, sink_table_sql, tombstone_table_name
 
 
 def offsets_table_sql(schema: str) -> sql.Composed:
@@ -86,6 +63,11 @@ def migrate_postgres(p: PipelineSettings) -> list[str]:
     assert isinstance(cfg, PostgresSinkSettings)
     dsn = cfg.dsn.get_secret_value()
     what = f"postgres sink of pipeline {p.name!r}"
+    if p.routes_tables:  # each table is created when its first record arrives (PostgresSink, routed)
+        execute_ddl(dsn, what, [sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(cfg.db_schema)),
+                                offsets_table_sql(cfg.db_schema)], cfg.network)
+        return [f"{p.name}: tables {cfg.db_schema}.{cfg.table} (each created when its first record arrives)",
+                f"{p.name}: table {cfg.db_schema}.{OFFSETS_TABLE}"]
     ddl = sink_table_sql(cfg) + [offsets_table_sql(cfg.db_schema)]
     made = []
     for _, explode in p.explode_steps:  # child tables of explode steps

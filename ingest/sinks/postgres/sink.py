@@ -21,6 +21,7 @@ translated by :func:`ingest.drivers.postgres.translate`, the one place.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 import threading
 import time
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from ingest.config.cdc import DeleteSettings
-from ingest.drivers.postgres import check_dsn, make_pool, pooled, translate
+from ingest.drivers.postgres import check_dsn, connect, make_pool, pooled, translate
 from ingest.sinks.base import InTransaction, RowSource
 from ingest.errors import PermanentError
 from ingest.sinks.postgres.children import ChildTable
@@ -41,8 +42,11 @@ from ingest.sinks.postgres.statements import (
     DeleteStatements,
     UpsertStatements,
     row_sources_query,
+    sink_table_sql,
 )
 from ingest.core.mapping.columnar import StagedColumn
+from ingest.mirror.ddl import lock_key
+from ingest.mirror.router import table_of, without_table
 from ingest.types import DeleteRow, ImageDeleteRow
 
 log = logging.getLogger(__name__)
@@ -63,11 +67,20 @@ class PostgresSink:
     dedup_tokens = False
 
     def __init__(self, cfg: PostgresSinkSettings, *, pool_size: int, name: str = "sink",
-                 deletes: DeleteSettings | None = None, children: Sequence[ChildTable] = ()) -> None:
+                 deletes: DeleteSettings | None = None, children: Sequence[ChildTable] = (),
+                 routed: bool = False) -> None:
         """``deletes``: the pipeline's records can delete (:class:`~ingest.types.DeleteRow` rows; see
         :class:`~ingest.sinks.postgres.statements.DeleteStatements`). ``children``: the child tables of
-        the pipeline's ``explode`` steps (:mod:`.children`), written in each batch's transaction."""
+        the pipeline's ``explode`` steps (:mod:`.children`), written in each batch's transaction.
+        ``routed``: ``cfg.table`` is a template and each row ends with its table's name
+        (:mod:`ingest.mirror.router`): a batch writes every table it holds, each with one COPY and one
+        upsert, all in its one transaction; a table is created the first time this sink sees it."""
         self._cfg = cfg
+        self._routed = routed
+        self._delete_settings = deletes
+        #: routed: the SQL of each table seen so far (composed once), after its table was ensured
+        self._tables: dict[str, _Table] = {}
+        self._tables_lock = threading.Lock()
         self._children = tuple(children)
         #: child rows written (explode steps), for the run summary and tests
         self.child_rows_written = 0
@@ -93,7 +106,7 @@ class PostgresSink:
         conn.execute(
             sql.SQL("SET statement_timeout = {}").format(sql.Literal(int(self._cfg.statement_timeout_ms)))
         )
-        if self._cfg.write_method == "copy":
+        if self._cfg.write_method == "copy" and not self._routed:
             conn.execute(self._sql.create_stage)
         for child in self._children:
             conn.execute(child.sql.create_stage)
@@ -214,14 +227,23 @@ class PostgresSink:
     def row_sources(self, keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], RowSource]:
         """Where the rows with these conflict keys were last written from (rows that do not exist are
         left out). Only for tables with source columns (``tracks_sources``)."""
+        if self._routed:  # the keys end with their table (ingest.mirror.router): ask each table
+            by_table: dict[str, list[tuple[Any, ...]]] = {}
+            for key in keys:
+                by_table.setdefault(key[-1], []).append(key[:-1])
+            return {(*k, table): source for table, table_keys in by_table.items()
+                    for k, source in self._row_sources(self._table(table).cfg, table_keys).items()}
+        return self._row_sources(self._cfg, keys)
+
+    def _row_sources(self, cfg: PostgresSinkSettings, keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], RowSource]:
         out: dict[tuple[Any, ...], RowSource] = {}
-        width = len(self._cfg.conflict_key)
+        width = len(cfg.conflict_key)
         per_query = max(1, MAX_PARAMETERS // max(1, width))
         with translate() as t, self.connection() as conn:
             t.conn = conn
             for start in range(0, len(keys), per_query):
                 chunk = keys[start:start + per_query]
-                rows = conn.execute(row_sources_query(self._cfg, len(chunk)), [v for k in chunk for v in k]).fetchall()
+                rows = conn.execute(row_sources_query(cfg, len(chunk)), [v for k in chunk for v in k]).fetchall()
                 for row in rows:
                     out[tuple(row[:width])] = RowSource(row[width], row[width + 1])
             conn.rollback()
@@ -236,20 +258,63 @@ class PostgresSink:
     def write_rows_in(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
         """Write ``rows`` inside the caller's open transaction; several such writes may share it
         (exactly-once savepoints), so the stage is emptied after each."""
-        self._write_rows(conn, rows)
+        if self._routed:
+            self._write_routed(conn, rows)
+            return
+        self._write_rows(conn, rows, self._sql, self._deletes)
         if self._cfg.write_method == "copy":
             conn.execute(self._sql.clear_stage)
 
-    def _write_rows(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
+    def _write_routed(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
+        """Each table's rows (in batch order), one COPY and one upsert per table, in the caller's transaction."""
+        by_table: dict[str, list[tuple[Any, ...]]] = {}
+        for row in rows:
+            table = table_of(row)
+            found = by_table.get(table)
+            if found is None:
+                by_table[table] = found = []
+            found.append(without_table(row))
+        for table, table_rows in by_table.items():
+            t = self._table(table)
+            conn.execute(t.sql.create_stage)  # in this session (rolled back with the batch if it fails)
+            self._write_rows(conn, table_rows, t.sql, t.deletes, t)
+            conn.execute(t.sql.clear_stage)
+            t.rows_written += len(table_rows)
+
+    def _table(self, name: str) -> _Table:
+        """A routed table's SQL, the table created (idempotently) the first time this sink sees it."""
+        t = self._tables.get(name)
+        if t is not None:
+            return t
+        with self._tables_lock:
+            t = self._tables.get(name)
+            if t is None:
+                cfg = self._cfg.model_copy(update={"table": name})
+                deletes = DeleteStatements(cfg, self._delete_settings) if self._delete_settings is not None else None
+                ensure_routed_table(cfg, deletes)
+                t = self._tables[name] = _Table(cfg, UpsertStatements(cfg, deletes), deletes)
+            return t
+
+    @property
+    def routed(self) -> bool:
+        """``sink.table`` is a template: each row carries its table."""
+        return self._routed
+
+    def tables_written(self) -> dict[str, int]:
+        """Routed: rows written per table so far (this process), by table name."""
+        return {name: t.rows_written for name, t in sorted(self._tables.items())}
+
+    def _write_rows(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]], upsert: UpsertStatements,
+                    deletes: DeleteStatements | None, expiry: Any = None) -> None:
         with conn.cursor() as cur:
-            if self._deletes is not None:
-                self._write_changes(cur, rows, self._deletes)
+            if deletes is not None:
+                self._write_changes(cur, rows, upsert, deletes, expiry or self)
             elif self._cfg.write_method == "copy":
-                with cur.copy(self._sql.copy_stage) as copy:
-                    copy.set_types(self._sql.copy_types)
-                    self._copy_rows(copy, rows)
+                with cur.copy(upsert.copy_stage) as copy:
+                    copy.set_types(upsert.copy_types)
+                    self._copy_rows(copy, rows, upsert)
                 if not self._children:
-                    cur.execute(self._sql.insert_from_stage)
+                    cur.execute(upsert.insert_from_stage)
                     self.statements += 2
                     return
                 # Children follow only the parents the upsert applied (its guard may skip a late writer's).
@@ -268,10 +333,10 @@ class PostgresSink:
                     cur.execute(self._sql.insert_values(len(chunk)), [v for row in chunk for v in row])
                     self.statements += 1
 
-    def _copy_rows(self, copy: psycopg.Copy, rows: Sequence[tuple[Any, ...]]) -> None:
+    def _copy_rows(self, copy: psycopg.Copy, rows: Sequence[tuple[Any, ...]], upsert: UpsertStatements) -> None:
         """``rows`` into the stage, the numeric columns staged as text as their Decimal's text (statements.py)."""
         write = copy.write_row
-        as_text = self._sql.numeric_as_text
+        as_text = upsert.numeric_as_text
         if not as_text:
             for row in rows:
                 write(row)
@@ -284,17 +349,19 @@ class PostgresSink:
                     staged[i] = str(value)
             write(staged)
 
-    def _write_changes(self, cur: psycopg.Cursor[Any], rows: Sequence[tuple[Any, ...]], d: DeleteStatements) -> None:
+    def _write_changes(self, cur: psycopg.Cursor[Any], rows: Sequence[tuple[Any, ...]], upsert: UpsertStatements,
+                       d: DeleteStatements, expiry: Any) -> None:
         """Stage upserts and deletes with their flag, then upsert, delete and record tombstones
-        (the keys are distinct, so the statements never touch one row twice)."""
+        (the keys are distinct, so the statements never touch one row twice). ``expiry``: what holds
+        the time of the table's last tombstone expiry (``_expired_at``)."""
         deletes = 0
-        with cur.copy(self._sql.copy_stage) as copy:
-            copy.set_types(self._sql.copy_types)
+        with cur.copy(upsert.copy_stage) as copy:
+            copy.set_types(upsert.copy_types)
             for row in rows:
                 deleted = isinstance(row, DeleteRow)
                 deletes += deleted
                 copy.write_row((*row, deleted, type(row) is ImageDeleteRow))
-        cur.execute(self._sql.insert_from_stage)
+        cur.execute(upsert.insert_from_stage)
         self.statements += 2
         if deletes:
             cur.execute(d.delete)
@@ -302,6 +369,38 @@ class PostgresSink:
                 cur.execute(d.delete_with_image)
             cur.execute(d.record_tombstones)
             self.statements += 2
-        if d.retention_s and time.monotonic() - self._expired_at > TOMBSTONE_EXPIRY_INTERVAL_S:
-            self._expired_at = time.monotonic()
+        if d.retention_s and time.monotonic() - expiry._expired_at > TOMBSTONE_EXPIRY_INTERVAL_S:
+            expiry._expired_at = time.monotonic()
             cur.execute(d.expire)
+
+
+@dataclass(slots=True)
+class _Table:
+    """A routed table: its settings and SQL, and what this sink wrote there."""
+
+    cfg: PostgresSinkSettings
+    sql: UpsertStatements
+    deletes: DeleteStatements | None
+    rows_written: int = 0
+    #: monotonic time of the table's last tombstone expiry
+    _expired_at: float = 0.0
+
+
+def ensure_routed_table(cfg: PostgresSinkSettings, deletes: DeleteStatements | None) -> None:
+    """Create a routed table (and its tombstone table) if missing, idempotently: on its own connection,
+    under a transaction-level advisory lock on the schema, so two processes or lanes creating tables
+    at once take turns and the second finds the table made (``IF NOT EXISTS``) instead of failing on
+    the catalog. Raises TransientError / PermanentError (:func:`translate`), which the batch's retries
+    and isolation handle like any write error."""
+    statements = sink_table_sql(cfg)
+    if deletes is not None:
+        statements.append(deletes.create_tombstones)
+        if deletes.soft_column_ddl is not None:
+            statements.append(deletes.soft_column_ddl)
+    network = cfg.network.model_copy(update={"client_timeout_ms": 0})  # DDL may wait for locks
+    with translate() as t, connect(cfg.dsn.get_secret_value(), network, autocommit=True) as conn:
+        t.conn = conn
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", [lock_key(cfg.db_schema, "")])
+            for statement in statements:
+                conn.execute(statement)

@@ -15,6 +15,7 @@ from ingest.config.cdc import DeleteSettings
 from ingest.core.dialects import pg_base_type
 from ingest.sinks.postgres.settings import (
     OFFSET_COLUMN,
+    SOURCE_COLUMNS,
     STREAM_COLUMN,
     PostgresSinkSettings,
 )
@@ -274,3 +275,27 @@ class DeleteStatements:
             return sql.SQL("{d}.{v} > {r}.{v}").format(d=d, r=r, v=v)
         s, off = sql.Identifier(STREAM_COLUMN), sql.Identifier(OFFSET_COLUMN)
         return sql.SQL("{d}.{s} = {r}.{s} AND {d}.{off} > {r}.{off}").format(d=d, r=r, s=s, off=off)
+
+
+def sink_table_sql(cfg: PostgresSinkSettings) -> list[sql.Composable]:
+    """``CREATE SCHEMA`` / ``CREATE TABLE IF NOT EXISTS`` of a sink table (the key as its primary key, key
+    and required columns NOT NULL), and the hidden source columns added to a table made before them."""
+    cols = []
+    for name, spec in cfg.columns.items():
+        not_null = spec.required or name in cfg.conflict_key
+        cols.append(
+            sql.SQL("{} {}{}").format(
+                sql.Identifier(name), sql.SQL(pg_base_type(spec.type)[1]), sql.SQL(" NOT NULL" if not_null else "")
+            )
+        )
+    if cfg.conflict_key:
+        cols.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(sql.Identifier(k) for k in cfg.conflict_key)))
+    table = sql.Identifier(cfg.db_schema, cfg.table)
+    statements: list[sql.Composable] = [
+        sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(cfg.db_schema)),
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(table, sql.SQL(", ").join(cols)),
+    ]
+    if cfg.tracks_sources:  # tables made before ingest kept row sources get the columns (NULL: unknown)
+        statements += [sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} bigint").format(table, sql.Identifier(name))
+                       for name in SOURCE_COLUMNS]
+    return statements

@@ -1,0 +1,144 @@
+"""Records → (table, row) for pipelines whose ``sink.table`` is a template (issue #36).
+
+A routed pipeline's rows carry their table as one more value at the end (after the sink's own
+columns, hidden ones included): :func:`with_table` puts it there, :func:`table_of` reads it and
+:func:`without_table` gives the row the table gets. Keeping the table *in* the row means everything
+that works on rows keeps working across tables unchanged: the collapse key and the lane a row goes
+to include the table (:meth:`ingest.config.PipelineSettings.collapse_rule`), a delete stays a
+:class:`~ingest.types.DeleteRow`, the isolation of poison rows, replay and exactly-once see rows as
+always; only the sink groups a batch's rows by table (:class:`ingest.sinks.postgres.sink.PostgresSink`).
+
+:class:`TableRouter` renders the template for a record (:mod:`.template`), turns the result into
+an identifier (:func:`.names.sanitize_table`: dots become ``_``, too long or reserved names are
+refused) and refuses a second spelling of a name the database folds to the same one
+(:class:`.names.NameGuard`). :class:`RoutingMapper` wraps the pipeline's own mapper (decode,
+transforms, columns) and adds the table; a record whose table cannot be resolved raises
+:class:`~.errors.Unroutable` (stage ``route``, class ``unroutable``): it is dead-lettered, never
+dropped and never written into another table. Offsets stay the source topic-partition's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ingest.core.topics import TopicSelector
+from ingest.errors import InvalidRecord, NoChange
+from ingest.mirror.errors import Unroutable
+from ingest.mirror.names import NameGuard, Reserved, sanitize_table
+from ingest.mirror.template import TableTemplate, pattern_groups
+from ingest.types import DeleteRow, Record
+
+__all__ = ["RoutingMapper", "TableRouter", "table_of", "with_table", "without_table"]
+
+#: The tombstone table of a routed table with deletes: ``<table><suffix>`` (PostgreSQL).
+TOMBSTONE_SUFFIX = "_ingest_deleted"
+
+
+def with_table(row: tuple[Any, ...], table: str) -> tuple[Any, ...]:
+    """``row`` with ``table`` appended, of the same kind (a delete stays a delete)."""
+    if isinstance(row, DeleteRow):
+        return type(row)((*row, table))
+    return (*row, table)
+
+
+def table_of(row: tuple[Any, ...]) -> str:
+    """The table a routed row goes to."""
+    return row[-1]
+
+
+def without_table(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The row the table gets (its table value removed), of the same kind."""
+    if isinstance(row, DeleteRow):
+        return type(row)(row[:-1])
+    return row[:-1]
+
+
+class TableRouter:
+    """Which table a record goes to. Thread-safe (the guard is locked; the cache is a plain dict whose
+    races only recompute a name)."""
+
+    def __init__(self, template: TableTemplate, selector: TopicSelector, dialect: str, *,
+                 reserved: Reserved | None = None, deletes: bool = False, database: str = "default") -> None:
+        """``deletes``: the tables get a tombstone table (its longer name must fit too)."""
+        self.template = template
+        self._selector = selector
+        self._dialect = dialect
+        self._reserved = reserved
+        self._suffixes = (TOMBSTONE_SUFFIX,) if deletes and dialect == "postgres" else ()
+        self._database = database
+        self._guard = NameGuard(dialect)
+        #: rendered name → identifier (the guard already passed)
+        self._names: dict[str, str] = {}
+        #: topic → its pattern groups
+        self._groups: dict[str, dict[str, str | None]] = {}
+
+    def table(self, record: Record, source: Any = None) -> str:
+        """The table of ``record`` (``source``: its change event's source block, when the template reads
+        one). Raises :class:`Unroutable`."""
+        topic = record.source_position[0]
+        groups = self._groups.get(topic)
+        if groups is None:
+            groups = self._groups[topic] = pattern_groups(self._selector, topic)
+        rendered = self.template.render(topic, groups=groups, source=source, headers=record.headers)
+        name = self._names.get(rendered)
+        if name is None:
+            name = sanitize_table(rendered, self._dialect, database=self._database, reserved=self._reserved,
+                                  suffixes=self._suffixes)
+            name = self._guard.claim(name)
+            self._names[rendered] = name
+        return name
+
+    def known(self) -> list[str]:
+        """The tables routed to so far, sorted."""
+        return sorted(set(self._names.values()))
+
+
+class RoutingMapper:
+    """The pipeline's mapper, with each row's table appended (see the module docstring).
+
+    The mapper's contract: ``map(record) -> (row, ordering_key)``, raising InvalidRecord for poison
+    (:class:`Unroutable` among them), NoChange / Filtered for records without a row. A template that
+    reads the change event's source block gets it from the decoded value (Debezium's ``source``, in
+    ``payload`` with the JSON converter's schemas); a tombstone has none, and is handled without a row
+    (the delete event just before it deleted the row).
+    """
+
+    def __init__(self, mapper: Any, router: TableRouter, decode: Any = None) -> None:
+        """``decode(record) -> document``: the value's decoder, for templates reading the source block."""
+        self._mapper = mapper
+        self.router = router
+        self._decode = decode if router.template.uses_source else None
+        self.column_names = [*mapper.column_names, "_ingest_table"]
+        self.column_types = getattr(mapper, "column_types", None)
+
+    def __getattr__(self, name: str) -> Any:  # fast_misses, review_typed, skips_tombstones ...
+        return getattr(self._mapper, name)
+
+    def columnar_plan(self, key_index: Any, version_index: Any = None) -> None:
+        """None: routed rows take the row path."""
+        return None
+
+    def columnar_refusal(self, key_index: Any, version_index: Any = None) -> str:
+        return "the pipeline routes to many tables (sink.table is a template)"
+
+    def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
+        if self._decode is not None and record.value is None:
+            raise NoChange("a tombstone: the delete event before it deleted the row")
+        row, key = self._mapper.map(record)  # the record's own errors first (it decoded it)
+        source = None
+        if self._decode is not None:
+            try:
+                source = _source_block(self._decode(record))
+            except Exception as exc:  # noqa: BLE001 - it decoded once already; never crash on a record
+                raise InvalidRecord("decode", "undecodable", f"record value could not be decoded: {exc}"[:300]) from None
+        return with_table(row, self.router.table(record, source)), key
+
+
+def _source_block(doc: Any) -> Any:
+    """A change event's ``source`` block (``payload.source`` with the JSON converter's schemas), or None."""
+    if type(doc) is dict:
+        payload = doc.get("payload")
+        if type(payload) is dict and "source" in payload:
+            return payload.get("source")
+        return doc.get("source")
+    return None

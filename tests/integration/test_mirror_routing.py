@@ -1,0 +1,157 @@
+"""One pipeline, many tables (issue #36 items 1, 2, 6): a pattern subscription routed by a table template.
+
+Real broker, real PostgreSQL, ``python -m ingest`` subprocesses. Ground truth is the simulated
+source tables (:mod:`harness.cdc_source`): every sink table must end equal to its source table
+(deletes included), committed offsets at each topic's log end, nothing in the DLQ but the records
+that cannot be routed (class ``unroutable``, each with its reason).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from harness import run_ingest, start_ingest, write_config
+from harness.cdc_source import SourceTable, produce_stream
+from harness.kafka import TEST_CONSUMER_SETTINGS, create_topic, produce
+from pipeline_helpers import assert_committed_at_log_end, dlq_rows, read_summary, wait_assigned, wait_until
+
+pytestmark = pytest.mark.timeout(420)
+
+PIPELINE = "mirror"
+#: source tables: plain names, one with a dot (becomes ``_``), one needing quotes
+TABLES = ["customers", "orders", "items.v2", 'Order "Lines"', "payments", "shipments"]
+
+
+def columns() -> dict[str, Any]:
+    return {"id": {"type": "bigint", "required": True}, "name": {"type": "text"}, "price": {"type": "numeric(12,2)"},
+            "qty": {"type": "integer"}, "updated_at": {"type": "timestamptz"},
+            "lsn": {"type": "bigint", "source": "@source.lsn"}}
+
+
+def sink_rows(dsn: str, table: str) -> dict[int, tuple]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(psycopg.sql.SQL("SELECT id, name, price, qty, updated_at, lsn FROM {}").format(
+            psycopg.sql.Identifier("public", table))).fetchall()
+    return {r[0]: tuple(r[1:]) for r in rows}
+
+
+def source_rows(source: SourceTable) -> dict[int, tuple]:
+    return {i: (r.name, r.price, r.qty, r.updated_at, r.lsn) for i, r in source.rows.items()}
+
+
+def topic_of(prefix: str, i: int) -> str:
+    return f"{prefix}.public.t{i}"
+
+
+@pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
+def test_a_pattern_mirrors_every_table_with_one_appearing_mid_run_and_a_kill(
+        kafka_bootstrap, pg_dsn, group_id, tmp_path: Path, delivery: str) -> None:
+    rng = random.Random(f"mirror-{delivery}")
+    prefix = f"db{rng.randrange(10**6)}"
+    sources = [SourceTable(rng.randrange(2**32), keys=120, partitions=2, table=name, delete_frac=0.15,
+                           snapshot_keys=40) for name in TABLES]
+    late = SourceTable(rng.randrange(2**32), keys=60, partitions=2, table="late arrival", delete_frac=0.1)
+    for i in range(len(TABLES) + 1):
+        create_topic(kafka_bootstrap, topic_of(prefix, i), 2)
+    pipeline = {
+        "name": PIPELINE, "topics": [f"^{prefix}\\.public\\.t[0-9]+$"], "topic_refresh_s": 2,
+        "group_id": group_id, "envelope": "debezium", "deletes": {"mode": "hard"}, "lanes": 2,
+        "commit_interval_ms": 200, "shutdown_timeout_s": 10, "batch": {"max_rows": 300, "max_latency_ms": 100},
+        "sink": {"kind": "postgres", "dsn": pg_dsn, "table": "{source.table}", "conflict_key": ["id"],
+                 "version_column": "lsn", "delivery": delivery, "columns": columns()},
+        "dlq": {"kind": "postgres", "dsn": pg_dsn},
+    }
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                               "client": dict(TEST_CONSUMER_SETTINGS)}, "pipelines": [pipeline]})
+    res = run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path)
+    assert res.returncode == 0 and "each created when its first record arrives" in res.stdout, res.stdout + res.stderr
+    for i, source in enumerate(sources):
+        produce_stream(kafka_bootstrap, topic_of(prefix, i), source.events(500))
+
+    proc = start_ingest(["run", "--config", config, "--metrics-port", "0"], log_dir=tmp_path)
+    wait_assigned(proc, timeout_s=90)
+    wait_until(lambda: _has_table(pg_dsn, "customers") and len(sink_rows(pg_dsn, "customers")) > 0, 60,
+               what="first table written", proc=proc)
+    # a table whose topic had no record yet gets its first ones while running; more of the others too
+    produce_stream(kafka_bootstrap, topic_of(prefix, len(TABLES)), late.events(300))
+    for i, source in enumerate(sources):
+        produce_stream(kafka_bootstrap, topic_of(prefix, i), source.events(300))
+    wait_until(lambda: _has_table(pg_dsn, "late arrival"), 60, what="the late table created", proc=proc)
+    time.sleep(rng.uniform(0.2, 1.0))
+    proc.kill9()
+    assert proc.returncode == -signal.SIGKILL
+    for i, source in enumerate(sources):
+        produce_stream(kafka_bootstrap, topic_of(prefix, i), source.events(200))
+
+    summary = tmp_path / "summary.json"
+    res = run_ingest(["run", "--config", config, "--until-idle", "3", "--metrics-port", "0", "--summary-json",
+                      summary], timeout_s=240, log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    for source in [*sources, late]:
+        name = source.table.replace(".", "_")
+        assert sink_rows(pg_dsn, name) == source_rows(source), name
+    assert dlq_rows(pg_dsn) == []
+    for i in range(len(TABLES) + 1):
+        assert_committed_at_log_end(kafka_bootstrap, group_id, topic_of(prefix, i))
+    stats = read_summary(summary)["pipelines"][PIPELINE]
+    assert set(stats["rows_written_by_table"]) <= {s.table.replace(".", "_") for s in [*sources, late]}
+
+
+def _has_table(dsn: str, table: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT to_regclass(%s) IS NOT NULL", [psycopg.sql.Identifier("public", table).as_string(conn)]
+                            ).fetchone()[0]
+
+
+def test_records_that_cannot_be_routed_are_dead_lettered_with_their_reason(kafka_bootstrap, pg_dsn, new_topic,
+                                                                          group_id, tmp_path: Path) -> None:
+    """``{header.tenant}``: a missing header, a reserved name, a name over 63 bytes and a second
+    spelling of a name (case) are ``unroutable``; a name with quotes and spaces is a table."""
+    topic = new_topic(1)  # one partition: "acme" comes before "ACME", so it owns the name
+    tenants: list[str | None] = ["acme", "beta", None, "ingest_offsets", "x" * 200, "ACME", "o'k \"t\" 1", "acme"]
+    messages = []
+    for i, tenant in enumerate(tenants):
+        headers = [("tenant", tenant.encode())] if tenant is not None else None
+        messages.append((str(i).encode(), json.dumps({"id": i, "name": f"n{i}"}).encode(), None, headers))
+    assert produce(kafka_bootstrap, topic, messages) == len(messages)
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                               "client": dict(TEST_CONSUMER_SETTINGS)},
+                                     "pipelines": [{"name": PIPELINE, "topics": [topic], "group_id": group_id,
+                                                    "sink": {"dsn": pg_dsn, "table": "{header.tenant}",
+                                                             "conflict_key": ["id"],
+                                                             "columns": {"id": {"type": "bigint"},
+                                                                         "name": {"type": "text"}}}}]})
+    assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
+    res = run_ingest(["run", "--config", config, "--until-idle", "3", "--metrics-port", "0"], timeout_s=120,
+                     log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    # "acme" and "ACME" arrive in one batch here; which spelling comes first decides which one owns it
+    dead = {json.loads(d["value"])["id"]: d for d in dlq_rows(pg_dsn)}
+    assert set(dead) == {2, 3, 4, 5}, {k: v["error_message"] for k, v in dead.items()}
+    for d in dead.values():
+        assert (d["stage"], d["error_class"]) == ("route", "unroutable"), d
+    assert "no header" in dead[2]["error_message"] or "header" in dead[2]["error_message"]
+    assert "offsets tables" in dead[3]["error_message"]
+    assert "63" in dead[4]["error_message"]
+    assert "only in case" in dead[5]["error_message"]
+    assert sink_names(pg_dsn) == {"acme": {0, 7}, "beta": {1}, "o'k \"t\" 1": {6}}
+    assert sum(assert_committed_at_log_end(kafka_bootstrap, group_id, topic).values()) == len(messages)
+
+
+def sink_names(dsn: str) -> dict[str, set[int]]:
+    out = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        names = [r[0] for r in conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' AND table_name NOT LIKE "
+            "'ingest%'").fetchall()]
+        for name in names:
+            out[name] = {r[0] for r in conn.execute(psycopg.sql.SQL("SELECT id FROM {}").format(
+                psycopg.sql.Identifier("public", name))).fetchall()}
+    return out
