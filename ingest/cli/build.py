@@ -123,6 +123,9 @@ def build_pipeline(settings: Settings, p: PipelineSettings, *, stop: threading.E
     # One mapper: the accept loop's, and the columnar tier's for the records it leaves to rows (so the
     # run's fast-path statistics count those too).
     mapper = mapper_for(p, decoder=decoder, key_decoder=key_decoder)
+    existing_tables = getattr(sink, "existing_tables", None)
+    if p.routes_tables and existing_tables is not None:  # the case guard knows the tables already there
+        mapper.router.seed_from(existing_tables)
     tier: list[str] = []
     columnar = columnar_tier(p, sink, columnar_capable=backend.capabilities.columnar,
                              exactly_once=exactly_once is not None, mapper=lambda: mapper, said=tier.append)

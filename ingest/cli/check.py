@@ -79,9 +79,29 @@ def _topics(p: Any, listed: list[str]) -> None:
     patterns = " ".join(t for t in p.topics if t not in selector.literals)
     if matched:
         typer.echo(f"ok   pipeline {p.name}: topics matching {patterns}: {', '.join(matched)}")
+        _routes(p, [t for t in selector.select(listed)])
     else:
         typer.echo(f"warn pipeline {p.name}: no topic matches {patterns} yet (a run picks up new ones "
                    f"every {p.topic_refresh_s:g} s)")
+
+
+def _routes(p: Any, topics: list[str]) -> None:
+    """A pipeline routing by a table template that reads the topic only: the table each topic goes to
+    (a template reading the source block or a header is known per record only)."""
+    if not p.routes_tables or p.table_template.uses_source or any(x.kind == "header" for x in p.table_template.parts):
+        return
+    from ingest.mirror.errors import Unroutable
+    from ingest.mirror.names import Reserved, sanitize_table
+    from ingest.mirror.template import pattern_groups
+
+    for topic in topics:
+        try:
+            rendered = p.table_template.render(topic, groups=pattern_groups(p.topic_selector, topic))
+            table = sanitize_table(rendered, p.sink.kind, reserved=Reserved(p.dlq.table),
+                                   database=getattr(p.sink, "database", "default"))
+            typer.echo(f"ok   pipeline {p.name}: topic {topic} -> table {table}")
+        except Unroutable as exc:
+            typer.echo(f"warn pipeline {p.name}: topic {topic} cannot be routed: {exc.message}")
 
 
 def _schemas(settings: Any, p: Any, where: str) -> list[str]:

@@ -221,6 +221,11 @@ class NameGuard:
                                                "case; PostgreSQL folds unquoted names, so they would be confused")
         return name
 
+    def claim_existing(self, name: str) -> None:
+        """A name found in the catalog: it owns its folded form unless a spelling already does."""
+        with self._lock:
+            self._owners.setdefault(fold(name, self.dialect), name)
+
     def known(self) -> dict[str, str]:
         """Folded name → the spelling that owns it (a copy)."""
         with self._lock:

@@ -19,6 +19,8 @@ dropped and never written into another table. Offsets stay the source topic-part
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from ingest.core.topics import TopicSelector
@@ -29,6 +31,8 @@ from ingest.mirror.template import TableTemplate, pattern_groups
 from ingest.types import DeleteRow, Record
 
 __all__ = ["RoutingMapper", "TableRouter", "table_of", "with_table", "without_table"]
+
+log = logging.getLogger(__name__)
 
 #: The tombstone table of a routed table with deletes: ``<table><suffix>`` (PostgreSQL).
 TOMBSTONE_SUFFIX = "_ingest_deleted"
@@ -71,6 +75,7 @@ class TableRouter:
         self._names: dict[str, str] = {}
         #: topic → its pattern groups
         self._groups: dict[str, dict[str, str | None]] = {}
+        self._existing: Callable[[], list[str]] | None = None
 
     def table(self, record: Record, source: Any = None) -> str:
         """The table of ``record`` (``source``: its change event's source block, when the template reads
@@ -82,11 +87,33 @@ class TableRouter:
         rendered = self.template.render(topic, groups=groups, source=source, headers=record.headers)
         name = self._names.get(rendered)
         if name is None:
+            if self._existing is not None:
+                self._seed()
             name = sanitize_table(rendered, self._dialect, database=self._database, reserved=self._reserved,
                                   suffixes=self._suffixes)
             name = self._guard.claim(name)
             self._names[rendered] = name
         return name
+
+    def seed_from(self, existing: Callable[[], list[str]]) -> None:
+        """Where the names already in the database come from (``existing()``, e.g. the sink's catalog
+        query): they own their folded spelling (rule 6 of :mod:`.names`). Asked before the first new
+        name is claimed, and again for the next one while it fails (the database may be down at start)."""
+        self._existing = existing
+
+    def _seed(self) -> None:
+        existing, self._existing = self._existing, None
+        if existing is None:
+            return
+        try:
+            names = existing()
+        except Exception as exc:  # noqa: BLE001 - best effort; asked again for the next new name
+            log.warning("could not read the existing tables (case collisions with them go unnoticed until "
+                        "it works)", extra={"error": type(exc).__name__})
+            self._existing = existing
+            return
+        for name in names:
+            self._guard.claim_existing(name)
 
     def known(self) -> list[str]:
         """The tables routed to so far, sorted."""

@@ -155,3 +155,47 @@ def sink_names(dsn: str) -> dict[str, set[int]]:
             out[name] = {r[0] for r in conn.execute(psycopg.sql.SQL("SELECT id FROM {}").format(
                 psycopg.sql.Identifier("public", name))).fetchall()}
     return out
+
+
+def test_a_table_already_there_owns_its_spelling(kafka_bootstrap, pg_dsn, new_topic, group_id, tmp_path: Path) -> None:
+    """A table made before the run (``Acme``) owns the name: records for ``acme`` are unroutable
+    (case collision), not written into a second table beside it."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute('CREATE TABLE "Acme" (id bigint PRIMARY KEY, name text, _ingest_stream bigint, '
+                     '_ingest_offset bigint)')
+    topic = new_topic(1)
+    produce(kafka_bootstrap, topic, [(b"1", b'{"id": 1, "name": "a"}', None, [("tenant", b"acme")]),
+                                     (b"2", b'{"id": 2, "name": "b"}', None, [("tenant", b"Acme")])])
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                               "client": dict(TEST_CONSUMER_SETTINGS)},
+                                     "pipelines": [{"name": PIPELINE, "topics": [topic], "group_id": group_id,
+                                                    "sink": {"dsn": pg_dsn, "table": "{header.tenant}",
+                                                             "conflict_key": ["id"],
+                                                             "columns": {"id": {"type": "bigint"},
+                                                                         "name": {"type": "text"}}}}]})
+    assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
+    res = run_ingest(["run", "--config", config, "--until-idle", "3", "--metrics-port", "0"], timeout_s=120,
+                     log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sink_names(pg_dsn) == {"Acme": {2}}
+    dead = dlq_rows(pg_dsn)
+    assert [(json.loads(d["value"])["id"], d["error_class"]) for d in dead] == [(1, "unroutable")]
+    assert "only in case" in dead[0]["error_message"]
+
+
+def test_check_lists_the_table_each_topic_routes_to(kafka_bootstrap, pg_dsn, group_id, tmp_path: Path) -> None:
+    prefix = f"chk{random.randrange(10**6)}"
+    for name in ("orders", "order.lines", "ingest_offsets"):
+        create_topic(kafka_bootstrap, f"{prefix}.public.{name}", 1)
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                               "client": dict(TEST_CONSUMER_SETTINGS)},
+                                     "pipelines": [{"name": PIPELINE, "topics": [f"^{prefix}\\.public\\.(?P<t>.+)$"],
+                                                    "group_id": group_id,
+                                                    "sink": {"dsn": pg_dsn, "table": "{t}", "conflict_key": ["id"],
+                                                             "columns": {"id": {"type": "bigint"}}}}]})
+    res = run_ingest(["check", "--config", config], timeout_s=60, log_dir=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"topic {prefix}.public.orders -> table orders" in res.stdout
+    assert f"topic {prefix}.public.order.lines -> table order_lines" in res.stdout
+    assert f"topic {prefix}.public.ingest_offsets cannot be routed: table name 'ingest_offsets' is one of" in res.stdout
+    assert "write tier: rows (the pipeline routes to many tables" in res.stdout

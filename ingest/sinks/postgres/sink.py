@@ -45,7 +45,7 @@ from ingest.sinks.postgres.statements import (
     sink_table_sql,
 )
 from ingest.core.mapping.columnar import StagedColumn
-from ingest.mirror.ddl import lock_key
+from ingest.mirror.ddl import lock_key, postgres_tables
 from ingest.mirror.router import table_of, without_table
 from ingest.types import DeleteRow, ImageDeleteRow
 
@@ -299,6 +299,12 @@ class PostgresSink:
     def routed(self) -> bool:
         """``sink.table`` is a template: each row carries its table."""
         return self._routed
+
+    def existing_tables(self) -> list[str]:
+        """The tables of the sink's schema, oldest first (the routed case guard's seed). Raises like a write."""
+        with translate() as t, self.connection() as conn:
+            t.conn = conn
+            return postgres_tables(conn, self._cfg.db_schema)
 
     def tables_written(self) -> dict[str, int]:
         """Routed: rows written per table so far (this process), by table name."""
