@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 import threading
+import weakref
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -81,6 +82,8 @@ class PostgresSink:
         #: routed: the SQL of each table seen so far (composed once), after its table was ensured
         self._tables: dict[str, _Table] = {}
         self._tables_lock = threading.Lock()
+        #: routed: the tables whose stage each pooled connection has (created outside a transaction)
+        self._staged: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
         self._children = tuple(children)
         #: child rows written (explode steps), for the run summary and tests
         self.child_rows_written = 0
@@ -175,6 +178,8 @@ class PostgresSink:
         with translate() as t:
             with self.connection() as conn:
                 t.conn = conn
+                if self._routed and rows:
+                    self._stage_tables(conn, {table_of(row) for row in rows})
                 with conn.transaction():
                     if rows:
                         self.write_rows_in(conn, rows)
@@ -274,12 +279,25 @@ class PostgresSink:
             if found is None:
                 by_table[table] = found = []
             found.append(without_table(row))
+        staged = self._staged.get(conn, ())
         for table, table_rows in by_table.items():
             t = self._table(table)
-            conn.execute(t.sql.create_stage)  # in this session (rolled back with the batch if it fails)
+            if table not in staged:  # in the caller's transaction: rolled back with it if it fails
+                conn.execute(t.sql.create_stage)
             self._write_rows(conn, table_rows, t.sql, t.deletes, t)
             conn.execute(t.sql.clear_stage)
             t.rows_written += len(table_rows)
+
+    def _stage_tables(self, conn: psycopg.Connection[Any], tables: set[str]) -> None:
+        """Before a routed batch's transaction (autocommit): each table ensured and its session stage
+        created, once per pooled connection -- committed at once, so a batch that rolls back cannot
+        take a stage the connection's later batches count on."""
+        staged = self._staged.get(conn)
+        if staged is None:
+            staged = self._staged[conn] = set()
+        for table in tables - staged:
+            conn.execute(self._table(table).sql.create_stage)
+            staged.add(table)
 
     def _table(self, name: str) -> _Table:
         """A routed table's SQL, the table created (idempotently) the first time this sink sees it."""
