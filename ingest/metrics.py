@@ -52,6 +52,9 @@ class Metrics:
                                     "Records fully handled (in the sink or the DLQ).", p, registry=r)
         self.dead_lettered = Counter("ingest_dead_lettered_total", "Records sent to the DLQ.",
                                      [*p, "stage", "error_class"], registry=r)
+        self.table_rows_written = Counter("ingest_table_rows_written_total",
+                                          "Rows written per table, for pipelines that route to many tables "
+                                          "(sink.table a template).", [*p, "table"], registry=r)
         self.records_filtered = Counter("ingest_records_filtered_total",
                                         "Records a filter transform dropped (handled: their offsets are committed).",
                                         [*p, "step"], registry=r)
@@ -150,6 +153,9 @@ class PipelineMetrics:
 
     def filtered(self, step: str, n: int) -> None:
         self._m.records_filtered.labels(self.name, step).inc(n)
+
+    def table_rows_written(self, table: str, n: int) -> None:
+        self._m.table_rows_written.labels(self.name, table).inc(n)
 
     def set_lag(self, topic: str, partition: int, lag: int, lag_s: float | None = None,
                 committed: int | None = None) -> None:

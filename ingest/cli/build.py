@@ -80,14 +80,6 @@ class Built:
         """Connect the sink now: the first batch should not pay for it. Never raises."""
         self.resources[0].warm_up()
 
-    def summary(self) -> dict[str, object]:
-        """The pipeline's run statistics (``--summary-json``), with the rows written per table when the
-        pipeline routes to many tables."""
-        out = self.pipeline.stats.as_dict()
-        tables = getattr(self.resources[0], "tables_written", None)
-        if tables is not None and getattr(self.resources[0], "routed", False):
-            out["rows_written_by_table"] = tables()
-        return out
 
     def close(self) -> None:
         import logging
@@ -131,7 +123,8 @@ def build_pipeline(settings: Settings, p: PipelineSettings, *, stop: threading.E
                              exactly_once=exactly_once is not None, mapper=lambda: mapper, said=tier.append)
     writer = BatchWriter(pipeline=p.name, write=sink.write, dlq=dlq, retry=p.retry,
                          collapse_rule=p.collapse_rule(), abort=abort, exactly_once=exactly_once,
-                         insert_tokens=backend.capabilities.insert_tokens, columnar=columnar)
+                         insert_tokens=backend.capabilities.insert_tokens, columnar=columnar,
+                         routed=p.routes_tables)
     source_factory = functools.partial(KafkaSource, settings.kafka, p.effective_group_id, list(p.topics),
                                        exclude_topics=p.exclude_topics, topic_refresh_s=p.topic_refresh_s)
     pipeline = Pipeline(

@@ -197,7 +197,7 @@ def _report(built: list[Any], errors: dict[str, BaseException], elapsed: float, 
         summary = {
             "elapsed_s": round(elapsed, 3),
             "peak_rss_bytes": _peak_rss_bytes(),
-            "pipelines": {b.pipeline.settings.name: b.summary() for b in built},
+            "pipelines": {b.pipeline.settings.name: b.pipeline.stats.as_dict() for b in built},
             "errors": {name: scrub(str(exc)) for name, exc in errors.items()},
         }
         summary_json.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))

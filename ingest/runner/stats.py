@@ -33,6 +33,8 @@ class PipelineStats:
     #: records written by the columnar tier (``columnar: true``; ingest.runner.columnar): its hit rate
     #: is ``columnar_records / records_mapped``
     columnar_records: int = 0
+    #: pipelines that route to many tables: rows written per table
+    rows_by_table: Counter[str] = field(default_factory=Counter)
     #: "columnar", or "rows (<why>)": what the pipeline was built to write with (ingest.runner.columnar)
     write_tier: str | None = None
     #: exactly-once: records re-read after a restart that the database already had
@@ -64,6 +66,10 @@ class PipelineStats:
         self.write_calls += c.write_calls
         self.already_written += c.skipped
         self.columnar_records += c.columnar_records
+        if c.rows_by_table:
+            self.rows_by_table.update(c.rows_by_table)
+            for table, n in c.rows_by_table.items():
+                m.table_rows_written(table, n)
         if c.queue_wait_s is not None:
             self.queue_waits_s.append(c.queue_wait_s)
         m.batch_rows.observe(c.records)
@@ -111,6 +117,7 @@ class PipelineStats:
             "typed_misses": self.typed_misses,
             "columnar_records": self.columnar_records,
             "already_written": self.already_written,
+            **({"rows_written_by_table": dict(sorted(self.rows_by_table.items()))} if self.rows_by_table else {}),
             "batches": self.batches,
             "flushes": dict(self.flushes),
             "retries": self.retries,

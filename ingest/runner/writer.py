@@ -87,6 +87,8 @@ class Completion:
     queue_wait_s: float | None = None
     #: records of the batch written by the columnar tier (ingest.runner.columnar): all or none
     columnar_records: int = 0
+    #: pipelines that route to many tables: rows written per table (None otherwise)
+    rows_by_table: Counter[str] | None = None
     error: BaseException | None = None
 
 
@@ -124,6 +126,7 @@ class BatchWriter:
         exactly_once: ExactlyOnceFn | None = None,
         insert_tokens: bool = False,
         columnar: ColumnarTier | None = None,
+        routed: bool = False,
     ) -> None:
         """``insert_tokens``: the sink deduplicates inserts by token (its capabilities say so): pass
         ``token=`` (:func:`~ingest.sinks.base.dedup_token` of the records behind the rows) to ``write``.
@@ -131,6 +134,8 @@ class BatchWriter:
         :meth:`prepare` maps them. Not with ``exactly_once``."""
         assert columnar is None or exactly_once is None, "the columnar tier writes at least once"
         self._columnar = columnar
+        #: rows end with their table (ingest.mirror.router): completions count rows per table
+        self._routed = routed
         self._pipeline = pipeline
         self._write = write
         self._pass_token = insert_tokens
@@ -358,6 +363,8 @@ class BatchWriter:
             failures.append(DlqEntry(self._pipeline, item.record, Failure.from_write_error(exc)))
         result.rows_written = len(written)
         result.rows_deleted = sum(1 for item in written if isinstance(item.row, DeleteRow))
+        if self._routed:
+            result.rows_by_table = Counter(item.row[-1] for item in written)  # type: ignore[index]
         self._dead_letter(failures, retries)
 
     def _handle_exactly_once(self, lane: int, items: Sequence[Item], result: Completion,
@@ -370,6 +377,8 @@ class BatchWriter:
                 done = eo(lane, items)
         result.rows_written = done.rows_written
         result.rows_deleted = done.rows_deleted
+        if self._routed:
+            result.rows_by_table = Counter(item.row[-1] for item in done.written)
         result.write_calls = done.write_calls
         result.skipped = done.already_written
         return done.dead_letters

@@ -49,6 +49,8 @@ class ExactlyOnceResult:
     already_written: int
     #: of rows_written, the rows that deleted their key (ingest.cdc)
     rows_deleted: int = 0
+    #: the rows written (items), for per-table counts of pipelines that route to many tables
+    written: Sequence[Any] = ()
 
 
 #: The exactly-once lane transaction: (lane, items) -> what it did; rows, DLQ rows and offsets commit together.

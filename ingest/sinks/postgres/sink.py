@@ -286,7 +286,6 @@ class PostgresSink:
                 conn.execute(t.sql.create_stage)
             self._write_rows(conn, table_rows, t.sql, t.deletes, t)
             conn.execute(t.sql.clear_stage)
-            t.rows_written += len(table_rows)
 
     def _stage_tables(self, conn: psycopg.Connection[Any], tables: set[str]) -> None:
         """Before a routed batch's transaction (autocommit): each table ensured and its session stage
@@ -313,20 +312,11 @@ class PostgresSink:
                 t = self._tables[name] = _Table(cfg, UpsertStatements(cfg, deletes), deletes)
             return t
 
-    @property
-    def routed(self) -> bool:
-        """``sink.table`` is a template: each row carries its table."""
-        return self._routed
-
     def existing_tables(self) -> list[str]:
         """The tables of the sink's schema, oldest first (the routed case guard's seed). Raises like a write."""
         with translate() as t, self.connection() as conn:
             t.conn = conn
             return postgres_tables(conn, self._cfg.db_schema)
-
-    def tables_written(self) -> dict[str, int]:
-        """Routed: rows written per table so far (this process), by table name."""
-        return {name: t.rows_written for name, t in sorted(self._tables.items())}
 
     def _write_rows(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]], upsert: UpsertStatements,
                     deletes: DeleteStatements | None, expiry: Any = None) -> None:
@@ -400,12 +390,11 @@ class PostgresSink:
 
 @dataclass(slots=True)
 class _Table:
-    """A routed table: its settings and SQL, and what this sink wrote there."""
+    """A routed table: its settings and SQL."""
 
     cfg: PostgresSinkSettings
     sql: UpsertStatements
     deletes: DeleteStatements | None
-    rows_written: int = 0
     #: monotonic time of the table's last tombstone expiry
     _expired_at: float = 0.0
 
