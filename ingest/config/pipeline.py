@@ -323,8 +323,8 @@ class PipelineSettings(Frozen):
             return self
         if template.uses_source and self.envelope == "none":
             raise ValueError("sink.table: {source.FIELD} reads a change event's source block: set envelope debezium")
-        if self.sink.kind != "postgres":
-            raise ValueError(f"sink.table: a table template needs sink.kind postgres (not {self.sink.kind!r} yet)")
+        if self.sink.kind not in ("postgres", "clickhouse"):
+            raise ValueError(f"sink.table: sink kind {self.sink.kind!r} writes one table (no template)")
         if self.explode_steps:
             raise ValueError("sink.table: a table template does not combine with explode steps yet")
         if getattr(self.sink, "write_method", "copy") != "copy":

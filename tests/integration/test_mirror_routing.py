@@ -201,3 +201,46 @@ def test_check_lists_the_table_each_topic_routes_to(kafka_bootstrap, pg_dsn, gro
     assert f"topic {prefix}.public.order.lines -> table order_lines" in res.stdout
     assert f"topic {prefix}.public.ingest_offsets cannot be routed: table name 'ingest_offsets' is one of" in res.stdout
     assert "write tier: rows (the pipeline routes to many tables" in res.stdout
+
+
+def test_a_pattern_mirrors_every_table_into_clickhouse(kafka_bootstrap, pg_dsn, group_id, chdb, tmp_path: Path) -> None:
+    """The same routing into chDB: each table created on its first record (ReplacingMergeTree by the
+    version, deletes hidden by FINAL), each equal to its source table."""
+    rng = random.Random("mirror-ch")
+    prefix = f"ch{rng.randrange(10**6)}"
+    sources = [SourceTable(rng.randrange(2**32), keys=80, partitions=2, table=name, delete_frac=0.15,
+                           replica_identity="full") for name in TABLES[1:4]]
+    for i in range(len(sources)):
+        create_topic(kafka_bootstrap, topic_of(prefix, i), 2)
+        produce_stream(kafka_bootstrap, topic_of(prefix, i), sources[i].events(400))
+    url = chdb.url
+    chdb.close()  # the ingest subprocess owns the chDB path while it runs
+    pipeline = {
+        "name": PIPELINE, "topics": [f"^{prefix}\\.public\\.t[0-9]+$"], "group_id": group_id,
+        "envelope": "debezium", "deletes": {"mode": "hard"}, "lanes": 2, "commit_interval_ms": 200,
+        "sink": {"kind": "clickhouse", "url": url, "database": "mirror", "table": "{source.table}",
+                 "order_by": ["id"], "version_column": "lsn",
+                 "columns": {"id": {"type": "Int64"}, "name": {"type": "Nullable(String)"},
+                             "price": {"type": "Nullable(Decimal(12, 2))"}, "qty": {"type": "Nullable(Int32)"},
+                             "updated_at": {"type": "Nullable(DateTime64(6, 'UTC'))"},
+                             "lsn": {"type": "UInt64", "source": "@source.lsn"}}},
+        "dlq": {"kind": "postgres", "dsn": pg_dsn},
+    }
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                               "client": dict(TEST_CONSUMER_SETTINGS)}, "pipelines": [pipeline]})
+    assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
+    res = run_ingest(["run", "--config", config, "--until-idle", "3", "--metrics-port", "0"], timeout_s=180,
+                     log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    client = chdb.client()
+    try:
+        for source in sources:
+            name = source.table.replace(".", "_")
+            got = client.query(f"SELECT id, name, price, qty, updated_at, lsn FROM mirror.`{name.replace('`', '')}` "
+                               "FINAL WHERE _ingest_deleted = 0").result_rows
+            want = source_rows(source)
+            assert {r[0]: (r[1], r[2], r[3], r[4].replace(tzinfo=None) if r[4] else None, r[5]) for r in got} == {
+                k: (v[0], v[1], v[2], v[3].replace(tzinfo=None) if v[3] else None, v[4]) for k, v in want.items()}, name
+    finally:
+        chdb.close()
+    assert dlq_rows(pg_dsn) == []

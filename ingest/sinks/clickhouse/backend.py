@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 from ingest.config import PipelineSettings
 from ingest.dlq.base import DeadLetterQueue
 from ingest.errors import ConfigError
 from ingest.sinks.base import Capabilities, ExactlyOnceFn
 from ingest.sinks.clickhouse.children import ChildTable
-from ingest.sinks.clickhouse.schema import migrate_clickhouse
+from ingest.sinks.clickhouse.schema import create_table_sql, migrate_clickhouse
 from ingest.sinks.clickhouse.settings import ClickHouseSinkSettings
 from ingest.sinks.clickhouse.sink import ClickHouseSink, redact_url
 
@@ -21,7 +23,9 @@ class ClickHouseBackend:
     def build(self, pipeline: PipelineSettings, *, lanes: int) -> ClickHouseSink:
         cfg = self._settings(pipeline)
         children = [ChildTable(slot, cfg, explode) for slot, (_, explode) in enumerate(pipeline.explode_steps)]
-        return ClickHouseSink(cfg, pipeline=pipeline.name, deletes=pipeline.has_deletes, children=children)
+        routed = functools.partial(create_table_sql, deletes=pipeline.has_deletes) if pipeline.routes_tables else None
+        return ClickHouseSink(cfg, pipeline=pipeline.name, deletes=pipeline.has_deletes, children=children,
+                              routed=routed)
 
     def migrate(self, pipeline: PipelineSettings) -> list[str]:
         return migrate_clickhouse(pipeline)
@@ -32,6 +36,9 @@ class ClickHouseBackend:
 
     def describe(self, settings: object) -> str:
         assert isinstance(settings, ClickHouseSinkSettings)
+        if "{" in settings.table:
+            return (f"tables {settings.database}.{settings.table} (a template: one table per record's name) "
+                    f"at {redact_url(settings.url)}")
         return f"table {settings.database}.{settings.table} at {redact_url(settings.url)}"
 
     def offset_store(self, pipeline: PipelineSettings) -> None:

@@ -103,6 +103,9 @@ def migrate_clickhouse(p: PipelineSettings, *, client_factory: ClientFactory | N
         try:
             if p.has_deletes or p.explode_steps:
                 _check_deletes_supported(client, p)
+            if p.routes_tables:  # each table is created when its first record arrives (ClickHouseSink, routed)
+                client.command(create_table_sql(cfg, p.has_deletes)[0])  # the database
+                return [f"{p.name}: tables {cfg.database}.{cfg.table} (each created when its first record arrives)"]
             for stmt in create_table_sql(cfg, p.has_deletes):
                 client.command(stmt)
             _verify_table(client, p, cfg)

@@ -70,6 +70,7 @@ from ingest.sinks.base import InTransaction
 from ingest.sinks.clickhouse.arrow import ArrowEncoder, ColumnarConverter
 from ingest.sinks.clickhouse.errors import classify
 from ingest.sinks.clickhouse.settings import DELETED_COLUMN, ClickHouseSinkSettings
+from ingest.mirror.router import table_of, without_table
 from ingest.sinks.clickhouse.children import ChildTable
 from ingest.types import DeleteRow
 
@@ -177,12 +178,17 @@ class ClickHouseSink:
 
     def __init__(self, cfg: ClickHouseSinkSettings, *, pipeline: str,
                  client_factory: ClientFactory | None = None, deletes: bool = False,
-                 children: Sequence[ChildTable] = ()) -> None:
+                 children: Sequence[ChildTable] = (),
+                 routed: Callable[[ClickHouseSinkSettings], list[str]] | None = None) -> None:
         """``deletes``: the pipeline's records can delete: each row gets the hidden ``_ingest_deleted``
         column (1 for a :class:`~ingest.types.DeleteRow`). ``children``: the child tables of the
         pipeline's ``explode`` steps (:mod:`.children`), inserted before each batch's parent rows."""
         self._cfg = cfg
         self._children = tuple(children)
+        #: ``cfg.table`` is a template and each row ends with its table's name (ingest.mirror.router):
+        #: ``routed(table_cfg)`` gives the DDL that creates a table, run the first time it is seen
+        self._routed = routed
+        self._made: set[str] = set()
         self._pipeline = pipeline
         self._factory = client_factory
         self._deletes = deletes
@@ -335,23 +341,54 @@ class ClickHouseSink:
             return
         with self._classified():
             client = self.client()
+            if self._routed is not None:
+                self._write_routed(client, rows, token)
+                return
             for child in self._children:  # before the parents (module .children)
                 self._insert_children(client, child, rows, token)
-            data = list(zip(*rows))
-            if self._deletes:
-                data.append([1 if isinstance(row, DeleteRow) else 0 for row in rows])
-            table = self._arrow_table(data) if self._use_arrow else None
-            settings = self._insert_settings(token)
+            self._insert(client, self._cfg.table, rows, token)
+
+    def _write_routed(self, client: Any, rows: Sequence[tuple[Any, ...]], token: str | None) -> None:
+        """Each table's rows (in batch order) in one insert each; a table is created the first time
+        (``CREATE TABLE IF NOT EXISTS``: a create racing another process's is a success). No
+        transaction spans the tables: a batch that fails part way is written again whole, and
+        ReplacingMergeTree (and each insert's token, the batch's extended by the table) absorbs the
+        rows that had landed."""
+        by_table: dict[str, list[tuple[Any, ...]]] = {}
+        for row in rows:
+            by_table.setdefault(table_of(row), []).append(without_table(row))
+        assert self._routed is not None
+        for table, table_rows in by_table.items():
+            if table not in self._made:
+                for statement in self._routed(self._cfg.model_copy(update={"table": table})):
+                    with self._call_lock():
+                        client.command(statement)
+                self._made.add(table)
+            self._insert(client, table, table_rows, None if token is None else f"{token}-{table}")
+
+    def existing_tables(self) -> list[str]:
+        """The tables of the sink's database (the routed case guard's seed; ClickHouse folds no case)."""
+        with self._classified():
+            client = self.client()
             with self._call_lock():
-                if table is not None:
-                    client.insert_arrow(self._cfg.table, table, database=self._cfg.database, settings=settings)
-                else:
-                    client.insert(
-                        self._cfg.table, data, column_names=self._columns, column_type_names=self._types,
-                        database=self._cfg.database, column_oriented=True, settings=settings,
-                    )
-            self.inserts += 1
-            self.arrow_inserts += table is not None
+                return [r[0] for r in client.query("SELECT name FROM system.tables WHERE database = {d:String}",
+                                                   parameters={"d": self._cfg.database}).result_rows]
+
+    def _insert(self, client: Any, table_name: str, rows: Sequence[tuple[Any, ...]], token: str | None) -> None:
+        """One insert of ``rows`` into ``table_name`` (this sink's columns), Arrow where it can."""
+        data = list(zip(*rows))
+        if self._deletes:
+            data.append([1 if isinstance(row, DeleteRow) else 0 for row in rows])
+        arrow = self._arrow_table(data) if self._use_arrow else None
+        settings = self._insert_settings(token)
+        with self._call_lock():
+            if arrow is not None:
+                client.insert_arrow(table_name, arrow, database=self._cfg.database, settings=settings)
+            else:
+                client.insert(table_name, data, column_names=self._columns, column_type_names=self._types,
+                              database=self._cfg.database, column_oriented=True, settings=settings)
+        self.inserts += 1
+        self.arrow_inserts += arrow is not None
 
     def _insert_children(self, client: Any, child: ChildTable, rows: Sequence[tuple[Any, ...]],
                          token: str | None) -> None:
