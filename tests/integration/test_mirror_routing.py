@@ -112,8 +112,9 @@ def _has_table(dsn: str, table: str) -> bool:
                             ).fetchone()[0]
 
 
+@pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
 def test_records_that_cannot_be_routed_are_dead_lettered_with_their_reason(kafka_bootstrap, pg_dsn, new_topic,
-                                                                          group_id, tmp_path: Path) -> None:
+                                                                          group_id, tmp_path: Path, delivery: str) -> None:
     """``{header.tenant}``: a missing header, a reserved name, a name over 63 bytes and a second
     spelling of a name (case) are ``unroutable``; a name with quotes and spaces is a table."""
     topic = new_topic(1)  # one partition: "acme" comes before "ACME", so it owns the name
@@ -127,7 +128,7 @@ def test_records_that_cannot_be_routed_are_dead_lettered_with_their_reason(kafka
                                                "client": dict(TEST_CONSUMER_SETTINGS)},
                                      "pipelines": [{"name": PIPELINE, "topics": [topic], "group_id": group_id,
                                                     "sink": {"dsn": pg_dsn, "table": "{header.tenant}",
-                                                             "conflict_key": ["id"],
+                                                             "conflict_key": ["id"], "delivery": delivery,
                                                              "columns": {"id": {"type": "bigint"},
                                                                          "name": {"type": "text"}}}}]})
     assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
@@ -244,3 +245,30 @@ def test_a_pattern_mirrors_every_table_into_clickhouse(kafka_bootstrap, pg_dsn, 
     finally:
         chdb.close()
     assert dlq_rows(pg_dsn) == []
+
+
+def test_a_row_one_table_refuses_is_isolated_and_the_other_tables_are_written(kafka_bootstrap, pg_dsn, new_topic,
+                                                                             group_id, tmp_path: Path) -> None:
+    """Every table's upsert of a batch is one statement round; a row one table refuses (a CHECK) fails
+    the batch, which is split until that record alone is dead-lettered (stage ``write``)."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute('CREATE TABLE acme (id bigint PRIMARY KEY, name text, _ingest_stream bigint, '
+                     '_ingest_offset bigint, CHECK (id < 100))')
+    topic = new_topic(1)
+    rows = [(1, "acme"), (200, "acme"), (3, "acme"), (4, "beta"), (5, "beta"), (6, "gamma")]
+    produce(kafka_bootstrap, topic, [(str(i).encode(), json.dumps({"id": i, "name": f"n{i}"}).encode(), None,
+                                      [("tenant", t.encode())]) for i, t in rows])
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                               "client": dict(TEST_CONSUMER_SETTINGS)},
+                                     "pipelines": [{"name": PIPELINE, "topics": [topic], "group_id": group_id,
+                                                    "sink": {"dsn": pg_dsn, "table": "{header.tenant}",
+                                                             "conflict_key": ["id"],
+                                                             "columns": {"id": {"type": "bigint"},
+                                                                         "name": {"type": "text"}}}}]})
+    assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
+    res = run_ingest(["run", "--config", config, "--until-idle", "3", "--metrics-port", "0"], timeout_s=120,
+                     log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sink_names(pg_dsn) == {"acme": {1, 3}, "beta": {4, 5}, "gamma": {6}}
+    dead = dlq_rows(pg_dsn)
+    assert [(json.loads(d["value"])["id"], d["stage"]) for d in dead] == [(200, "write")], dead

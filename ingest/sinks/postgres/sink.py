@@ -44,6 +44,7 @@ from ingest.sinks.postgres.statements import (
     UpsertStatements,
     row_sources_query,
     sink_table_sql,
+    stage_name,
 )
 from ingest.core.mapping.columnar import StagedColumn
 from ingest.mirror.ddl import lock_key, postgres_tables
@@ -84,6 +85,9 @@ class PostgresSink:
         self._tables_lock = threading.Lock()
         #: routed: the tables whose stage each pooled connection has (created outside a transaction)
         self._staged: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+        #: routed without deletes: one stage per session for every table (rows carry their table's number)
+        self._shared = (UpsertStatements(cfg, shared_stage=stage_name(cfg.db_schema, cfg.table))
+                        if routed and deletes is None else None)
         self._children = tuple(children)
         #: child rows written (explode steps), for the run summary and tests
         self.child_rows_written = 0
@@ -271,7 +275,12 @@ class PostgresSink:
             conn.execute(self._sql.clear_stage)
 
     def _write_routed(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
-        """Each table's rows (in batch order), one COPY and one upsert per table, in the caller's transaction."""
+        """Each table's rows (in batch order), in the caller's transaction: without deletes, one COPY of
+        every row into the shared stage and one round trip of every table's upsert (and the stage's
+        clearing); with deletes, one COPY and one upsert per table."""
+        if self._shared is not None:
+            self._write_shared(conn, rows)
+            return
         by_table: dict[str, list[tuple[Any, ...]]] = {}
         for row in rows:
             table = table_of(row)
@@ -287,6 +296,31 @@ class PostgresSink:
             self._write_rows(conn, table_rows, t.sql, t.deletes, t)
             conn.execute(t.sql.clear_stage)
 
+    def _write_shared(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
+        shared = self._shared
+        assert shared is not None
+        tables: dict[str, _Table] = {}
+        as_text = shared.numeric_as_text
+        with conn.cursor() as cur:
+            if "" not in self._staged.get(conn, ()):
+                cur.execute(shared.create_stage)
+            with cur.copy(shared.copy_stage) as copy:
+                copy.set_types(shared.copy_types)
+                write = copy.write_row
+                for row in rows:
+                    name = row[-1]
+                    t = tables.get(name)
+                    if t is None:
+                        t = tables[name] = self._table(name)
+                    staged = list(row)
+                    staged[-1] = t.route
+                    for i in as_text:
+                        if staged[i] is not None:
+                            staged[i] = str(staged[i])
+                    write(staged)
+            cur.execute(sql.SQL("; ").join([*(t.sql.insert_from_stage for t in tables.values()), shared.clear_stage]))
+            self.statements += 2
+
     def _stage_tables(self, conn: psycopg.Connection[Any], tables: set[str]) -> None:
         """Before a routed batch's transaction (autocommit): each table ensured and its session stage
         created, once per pooled connection -- committed at once, so a batch that rolls back cannot
@@ -295,8 +329,13 @@ class PostgresSink:
         if staged is None:
             staged = self._staged[conn] = set()
         for table in tables - staged:
-            conn.execute(self._table(table).sql.create_stage)
+            t = self._table(table)
+            if self._shared is None:
+                conn.execute(t.sql.create_stage)
             staged.add(table)
+        if self._shared is not None and "" not in staged:
+            conn.execute(self._shared.create_stage)
+            staged.add("")  # the shared stage
 
     def _table(self, name: str) -> _Table:
         """A routed table's SQL, the table created (idempotently) the first time this sink sees it."""
@@ -309,7 +348,10 @@ class PostgresSink:
                 cfg = self._cfg.model_copy(update={"table": name})
                 deletes = DeleteStatements(cfg, self._delete_settings) if self._delete_settings is not None else None
                 ensure_routed_table(cfg, deletes)
-                t = self._tables[name] = _Table(cfg, UpsertStatements(cfg, deletes), deletes)
+                route = len(self._tables)
+                shared = stage_name(self._cfg.db_schema, self._cfg.table) if self._shared is not None else None
+                upsert = UpsertStatements(cfg, deletes, shared_stage=shared, route=route if shared else None)
+                t = self._tables[name] = _Table(cfg, upsert, deletes, route)
             return t
 
     def existing_tables(self) -> list[str]:
@@ -395,6 +437,8 @@ class _Table:
     cfg: PostgresSinkSettings
     sql: UpsertStatements
     deletes: DeleteStatements | None
+    #: the table's number in the shared stage
+    route: int = 0
     #: monotonic time of the table's last tombstone expiry
     _expired_at: float = 0.0
 

@@ -21,6 +21,10 @@ from ingest.sinks.postgres.settings import (
 )
 
 
+#: The shared stage's column that says which routed table a staged row goes to.
+ROUTE_COLUMN = "_ingest_route"
+
+
 def table_ident(schema: str, table: str) -> sql.Composable:
     return sql.Identifier(schema, table)
 
@@ -43,13 +47,19 @@ _COPY_TYPE: dict[str, str] = {
 class UpsertStatements:
     """SQL for one target table, composed once."""
 
-    def __init__(self, cfg: PostgresSinkSettings, deletes: DeleteStatements | None = None) -> None:
+    def __init__(self, cfg: PostgresSinkSettings, deletes: DeleteStatements | None = None, *,
+                 shared_stage: str | None = None, route: int | None = None) -> None:
         """``deletes``: the table's records can delete: the stage gains the delete flag, the upsert
-        skips delete rows and keys with a newer tombstone (and undeletes a soft-deleted row)."""
+        skips delete rows and keys with a newer tombstone (and undeletes a soft-deleted row).
+
+        Tables a pipeline routes to (without deletes) share one stage per session, whose rows carry
+        the number of the table they go to (:data:`ROUTE_COLUMN`): ``shared_stage`` names it, and
+        ``route`` is this table's number (its upsert reads only its rows); ``route=None`` with a
+        ``shared_stage`` gives the shared stage's own statements (create, COPY with the number, clear)."""
         self.columns = list(cfg.columns)
         target = table_ident(cfg.db_schema, cfg.table)
         cols = sql.SQL(", ").join(sql.Identifier(c) for c in self.columns)
-        stage = sql.Identifier(stage_name(cfg.db_schema, cfg.table))
+        stage = sql.Identifier(shared_stage or stage_name(cfg.db_schema, cfg.table))
         # The stage is filled with binary COPY (≈1.5x faster than text here). Columns whose binary
         # wire format differs from what the mapper produces (json/jsonb: the mapper emits JSON
         # text; varchar(n): checked on insert) are staged as text and cast by the INSERT.
@@ -79,6 +89,10 @@ class UpsertStatements:
             stage_columns += [DELETED_FLAG, IMAGE_FLAG]
             stage_types += ["boolean", "boolean"]
             self.copy_types += ["bool", "bool"]
+        if shared_stage is not None:
+            stage_columns.append(ROUTE_COLUMN)
+            stage_types.append("integer")
+            self.copy_types.append("int4")
         col_defs = sql.SQL(", ").join(
             sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t)) for c, t in zip(stage_columns, stage_types)
         )
@@ -91,10 +105,13 @@ class UpsertStatements:
         self.clear_stage = sql.SQL("DELETE FROM {stage}").format(stage=stage)
         select = sql.SQL(", ").join(select_exprs)
         conflict = self._conflict_clause(cfg, target, deletes.undelete if deletes is not None else sql.SQL(""))
+        where = deletes.upsert_filter if deletes is not None else sql.SQL("")
+        if route is not None:
+            where = sql.SQL(" WHERE s.{} = {}").format(sql.Identifier(ROUTE_COLUMN), sql.Literal(int(route)))
         self.insert_from_stage = sql.SQL(
             "INSERT INTO {t} AS t ({cols}) SELECT {sel} FROM {stage} AS s{where}{order}{conflict}").format(
                 t=target, cols=cols, sel=select, stage=stage, conflict=conflict, order=self.key_order(cfg),
-                where=deletes.upsert_filter if deletes is not None else sql.SQL(""))
+                where=where)
         self._insert_values_head = sql.SQL("INSERT INTO {t} AS t ({cols}) VALUES ").format(t=target, cols=cols)
         self._conflict = conflict
         self._row_placeholder = sql.SQL("({})").format(sql.SQL(", ").join(sql.Placeholder() * len(self.columns)))
