@@ -272,3 +272,10 @@ def test_a_row_one_table_refuses_is_isolated_and_the_other_tables_are_written(ka
     assert sink_names(pg_dsn) == {"acme": {1, 3}, "beta": {4, 5}, "gamma": {6}}
     dead = dlq_rows(pg_dsn)
     assert [(json.loads(d["value"])["id"], d["stage"]) for d in dead] == [(200, "write")], dead
+    # the table is fixed; replay-dlq routes the record again and writes it into its own table, once
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE acme DROP CONSTRAINT acme_id_check")
+    for replayed in (1, 0):
+        res = run_ingest(["replay-dlq", "--config", config, "--pipeline", PIPELINE], timeout_s=120, log_dir=tmp_path)
+        assert res.returncode == 0 and f"replayed {replayed}," in res.stdout, res.stdout + res.stderr
+    assert sink_names(pg_dsn) == {"acme": {1, 3, 200}, "beta": {4, 5}, "gamma": {6}}
