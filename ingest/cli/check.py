@@ -88,20 +88,15 @@ def _topics(p: Any, listed: list[str]) -> None:
 def _routes(p: Any, topics: list[str]) -> None:
     """A pipeline routing by a table template that reads the topic only: the table each topic goes to
     (a template reading the source block or a header is known per record only)."""
-    if not p.routes_tables or p.table_template.uses_source or any(x.kind == "header" for x in p.table_template.parts):
+    if not p.routes_tables:
         return
-    from ingest.mirror.errors import Unroutable
-    from ingest.mirror.names import Reserved, sanitize_table
-    from ingest.mirror.template import pattern_groups
+    from ingest.mirror.router import tables_of_topics
 
-    for topic in topics:
-        try:
-            rendered = p.table_template.render(topic, groups=pattern_groups(p.topic_selector, topic))
-            table = sanitize_table(rendered, p.sink.kind, reserved=Reserved(p.dlq.table),
-                                   database=getattr(p.sink, "database", "default"))
+    for topic, table, why in tables_of_topics(p, topics):
+        if table is not None:
             typer.echo(f"ok   pipeline {p.name}: topic {topic} -> table {table}")
-        except Unroutable as exc:
-            typer.echo(f"warn pipeline {p.name}: topic {topic} cannot be routed: {exc.message}")
+        else:
+            typer.echo(f"warn pipeline {p.name}: topic {topic} cannot be routed: {why}")
 
 
 def _schemas(settings: Any, p: Any, where: str) -> list[str]:

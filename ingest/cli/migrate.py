@@ -31,9 +31,37 @@ def migrate(config: ConfigOpt = None, pipeline: PipelineOpt = None, log_level: L
         for p in select(settings, pipeline):
             for line in migrate_pipeline(p):
                 typer.echo(f"ok   {line}")
+            if p.routes_tables:
+                _routed_tables(settings, p)
     except ServiceUnreachable as exc:
         raise fail(EXIT_UNREACHABLE, f"unreachable: {exc}") from None
     except ConfigError as exc:
         raise fail(EXIT_CONFIG, str(exc)) from None
     except IngestError as exc:
         raise fail(EXIT_FAILED, str(exc)) from None
+
+
+def _routed_tables(settings: object, p: object) -> None:
+    """A pipeline routing by a template that reads the topic only: create the tables of the topics
+    that exist now (the others are created when their first record arrives). A broker that cannot be
+    reached is a warning here, not a failure: the tables will be made by the run."""
+    from ingest.cli.build import build_sink
+    from ingest.mirror.router import tables_of_topics
+    from ingest.sources.kafka import check_broker
+
+    try:
+        topics = check_broker(settings.kafka)  # type: ignore[attr-defined]
+    except ServiceUnreachable as exc:
+        typer.echo(f"warn {p.name}: topics not listed ({exc}): each table is created by the run")  # type: ignore[attr-defined]
+        return
+    routes = tables_of_topics(p, topics)
+    sink = build_sink(p, lanes=1)  # type: ignore[arg-type]
+    try:
+        for topic, table, why in routes:
+            if table is None:
+                typer.echo(f"warn {p.name}: topic {topic} cannot be routed: {why}")  # type: ignore[attr-defined]
+                continue
+            sink.ensure_table(table)  # type: ignore[attr-defined]
+            typer.echo(f"ok   {p.name}: table {table} (topic {topic})")  # type: ignore[attr-defined]
+    finally:
+        sink.close()

@@ -202,6 +202,12 @@ def test_check_lists_the_table_each_topic_routes_to(kafka_bootstrap, pg_dsn, gro
     assert f"topic {prefix}.public.order.lines -> table order_lines" in res.stdout
     assert f"topic {prefix}.public.ingest_offsets cannot be routed: table name 'ingest_offsets' is one of" in res.stdout
     assert "write tier: rows (the pipeline routes to many tables" in res.stdout
+    # migrate creates the tables of the topics that exist (the run creates the others on their first record)
+    res = run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"table orders (topic {prefix}.public.orders)" in res.stdout
+    assert _has_table(pg_dsn, "orders") and _has_table(pg_dsn, "order_lines")
+    assert "cannot be routed" in res.stdout
 
 
 def test_a_pattern_mirrors_every_table_into_clickhouse(kafka_bootstrap, pg_dsn, group_id, chdb, tmp_path: Path) -> None:

@@ -366,6 +366,16 @@ class ClickHouseSink:
                 self._made.add(table)
             self._insert(client, table, table_rows, None if token is None else f"{token}-{table}")
 
+    def ensure_table(self, name: str) -> None:
+        """Create the routed table ``name`` now if it is missing (``ingest migrate``). Raises like a write."""
+        assert self._routed is not None
+        with self._classified():
+            client = self.client()
+            for statement in self._routed(self._cfg.model_copy(update={"table": name})):
+                with self._call_lock():
+                    client.command(statement)
+        self._made.add(name)
+
     def existing_tables(self) -> list[str]:
         """The tables of the sink's database (the routed case guard's seed; ClickHouse folds no case)."""
         with self._classified():

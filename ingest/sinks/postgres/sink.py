@@ -337,6 +337,10 @@ class PostgresSink:
             conn.execute(self._shared.create_stage)
             staged.add("")  # the shared stage
 
+    def ensure_table(self, name: str) -> None:
+        """Create the routed table ``name`` now if it is missing (``ingest migrate``). Raises like a write."""
+        self._table(name)
+
     def _table(self, name: str) -> _Table:
         """A routed table's SQL, the table created (idempotently) the first time this sink sees it."""
         t = self._tables.get(name)
