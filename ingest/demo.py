@@ -94,11 +94,7 @@ def make_events(n_orders: int, seed: int = 7) -> tuple[list[tuple[bytes, bytes]]
 
 def run_demo(n_orders: int = 20_000, keep: bool = False) -> int:
     """Run the demo; returns the process exit code (0 when the table matches the stream)."""
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    from ingest.config import load_settings
     from ingest.embedded import start_all
-    from ingest.migrate import migrate_pipeline
 
     console = Console()
     console.rule("[bold]ingest demo")
@@ -106,20 +102,11 @@ def run_demo(n_orders: int = 20_000, keep: bool = False) -> int:
         services = start_all()
     try:
         console.print(f"broker     {services.bootstrap}\npostgres   {services.pg_dsn.split('?')[0]}...")
-        admin = AdminClient({"bootstrap.servers": services.bootstrap}, logger=_QUIET)
-        for fut in admin.create_topics([NewTopic(DEMO_TOPIC, PARTITIONS, 1)]).values():
-            fut.result()
         events, expected, poison = make_events(n_orders)
-        _produce(services.bootstrap, events)
-        console.print(f"produced   {len(events):,} events for {n_orders:,} orders ({poison} poison records)")
-
         with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "demo.yaml"
-            path.write_text(yaml.safe_dump(demo_config(services.bootstrap, services.pg_dsn)))
-            settings = load_settings(path)
-            pipeline_cfg = settings.pipelines[0]
-            for line in migrate_pipeline(pipeline_cfg):
-                console.print(f"migrate    {line}")
+            settings, pipeline_cfg = prepare(
+                console, services, events, demo_config(services.bootstrap, services.pg_dsn), tmp,
+                f"{len(events):,} events for {n_orders:,} orders ({poison} poison records)")
             with psycopg.connect(services.pg_dsn, autocommit=True) as conn:
                 # A business rule the stream sometimes breaks: such rows are isolated into the DLQ.
                 conn.execute("ALTER TABLE orders DROP CONSTRAINT IF EXISTS amount_positive")
@@ -143,6 +130,29 @@ def run_demo(n_orders: int = 20_000, keep: bool = False) -> int:
         if not keep:
             with console.status("stopping services..."):
                 services.close()
+
+
+def prepare(console: Console, services: Any, events: list[tuple[bytes, bytes]], config: dict[str, Any], tmp: str,
+            what: str) -> tuple[Any, Any]:
+    """Create the demo topic, produce ``events`` (``what`` says what they are), write ``config`` into
+    ``tmp``, load it and migrate its pipeline: ``(settings, the pipeline's settings)``."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from ingest.config import load_settings
+    from ingest.migrate import migrate_pipeline
+
+    admin = AdminClient({"bootstrap.servers": services.bootstrap}, logger=_QUIET)
+    for fut in admin.create_topics([NewTopic(DEMO_TOPIC, PARTITIONS, 1)]).values():
+        fut.result()
+    _produce(services.bootstrap, events)
+    console.print(f"produced   {what}")
+    path = Path(tmp) / "demo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    settings = load_settings(path)
+    pipeline = settings.pipelines[0]
+    for line in migrate_pipeline(pipeline):
+        console.print(f"migrate    {line}")
+    return settings, pipeline
 
 
 def _produce(bootstrap: str, events: list[tuple[bytes, bytes]]) -> None:

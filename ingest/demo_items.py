@@ -14,16 +14,14 @@ import random
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import orjson
 import psycopg
-import yaml
 from rich.console import Console
 from rich.table import Table
 
-from ingest.demo import DEMO_TOPIC, PARTITIONS, _build, _committed_lag, _produce
+from ingest.demo import DEMO_TOPIC, _build, _committed_lag, prepare
 
 EXAMPLE_FILE = "config/orders_items.yaml"
 
@@ -81,31 +79,17 @@ def make_orders(n_orders: int, seed: int = 11) -> tuple[list[tuple[bytes, bytes]
 
 def run_items_demo(n_orders: int = 5_000) -> int:
     """Run the example; returns the exit code (0 when both tables match the stream)."""
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    from ingest.config import load_settings
-    from ingest.demo import _QUIET
     from ingest.embedded import start_all
-    from ingest.migrate import migrate_pipeline
 
     console = Console()
     console.rule("[bold]ingest demo: orders with items (config/orders_items.yaml)")
     with console.status("starting embedded Kafka broker and PostgreSQL..."):
         services = start_all()
     try:
-        admin = AdminClient({"bootstrap.servers": services.bootstrap}, logger=_QUIET)
-        for fut in admin.create_topics([NewTopic(DEMO_TOPIC, PARTITIONS, 1)]).values():
-            fut.result()
         events, expected, poison = make_orders(n_orders)
-        _produce(services.bootstrap, events)
-        console.print(f"produced   {len(events):,} order records ({poison} poison)")
         with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "orders_items.yaml"
-            path.write_text(yaml.safe_dump(items_pipeline(services.bootstrap, services.pg_dsn)))
-            settings = load_settings(path)
-            p = settings.pipelines[0]
-            for line in migrate_pipeline(p):
-                console.print(f"migrate    {line}")
+            settings, p = prepare(console, services, events, items_pipeline(services.bootstrap, services.pg_dsn), tmp,
+                                  f"{len(events):,} order records ({poison} poison)")
             built = _build(settings, p)
             started = time.monotonic()
             thread = threading.Thread(target=built.pipeline.run, name="demo-pipeline", daemon=True)

@@ -124,17 +124,7 @@ def test_records_that_cannot_be_routed_are_dead_lettered_with_their_reason(kafka
         headers = [("tenant", tenant.encode())] if tenant is not None else None
         messages.append((str(i).encode(), json.dumps({"id": i, "name": f"n{i}"}).encode(), None, headers))
     assert produce(kafka_bootstrap, topic, messages) == len(messages)
-    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
-                                               "client": dict(TEST_CONSUMER_SETTINGS)},
-                                     "pipelines": [{"name": PIPELINE, "topics": [topic], "group_id": group_id,
-                                                    "sink": {"dsn": pg_dsn, "table": "{header.tenant}",
-                                                             "conflict_key": ["id"], "delivery": delivery,
-                                                             "columns": {"id": {"type": "bigint"},
-                                                                         "name": {"type": "text"}}}}]})
-    assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
-    res = run_ingest(["run", "--config", config, "--until-idle", "3", "--metrics-port", "0"], timeout_s=120,
-                     log_dir=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
+    config = run_by_tenant(kafka_bootstrap, pg_dsn, topic, group_id, tmp_path, delivery=delivery)
     # "acme" and "ACME" arrive in one batch here; which spelling comes first decides which one owns it
     dead = {json.loads(d["value"])["id"]: d for d in dlq_rows(pg_dsn)}
     assert set(dead) == {2, 3, 4, 5}, {k: v["error_message"] for k, v in dead.items()}
@@ -146,6 +136,22 @@ def test_records_that_cannot_be_routed_are_dead_lettered_with_their_reason(kafka
     assert "only in case" in dead[5]["error_message"]
     assert sink_names(pg_dsn) == {"acme": {0, 7}, "beta": {1}, "o'k \"t\" 1": {6}}
     assert sum(assert_committed_at_log_end(kafka_bootstrap, group_id, topic).values()) == len(messages)
+
+
+def run_by_tenant(bootstrap: str, dsn: str, topic: str, group: str, tmp_path: Path,
+                  delivery: str = "at_least_once") -> Path:
+    """Migrate and run (until idle, exit 0) a pipeline routing ``topic`` by ``{header.tenant}``; its config."""
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": bootstrap, "client": dict(TEST_CONSUMER_SETTINGS)},
+                                     "pipelines": [{"name": PIPELINE, "topics": [topic], "group_id": group,
+                                                    "sink": {"dsn": dsn, "table": "{header.tenant}",
+                                                             "conflict_key": ["id"], "delivery": delivery,
+                                                             "columns": {"id": {"type": "bigint"},
+                                                                         "name": {"type": "text"}}}}]})
+    assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
+    res = run_ingest(["run", "--config", config, "--until-idle", "3", "--metrics-port", "0"], timeout_s=120,
+                     log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return config
 
 
 def sink_names(dsn: str) -> dict[str, set[int]]:
@@ -169,17 +175,7 @@ def test_a_table_already_there_owns_its_spelling(kafka_bootstrap, pg_dsn, new_to
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [(b"1", b'{"id": 1, "name": "a"}', None, [("tenant", b"acme")]),
                                      (b"2", b'{"id": 2, "name": "b"}', None, [("tenant", b"Acme")])])
-    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
-                                               "client": dict(TEST_CONSUMER_SETTINGS)},
-                                     "pipelines": [{"name": PIPELINE, "topics": [topic], "group_id": group_id,
-                                                    "sink": {"dsn": pg_dsn, "table": "{header.tenant}",
-                                                             "conflict_key": ["id"],
-                                                             "columns": {"id": {"type": "bigint"},
-                                                                         "name": {"type": "text"}}}}]})
-    assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
-    res = run_ingest(["run", "--config", config, "--until-idle", "3", "--metrics-port", "0"], timeout_s=120,
-                     log_dir=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
+    config = run_by_tenant(kafka_bootstrap, pg_dsn, topic, group_id, tmp_path)
     assert sink_names(pg_dsn) == {"Acme": {2}}
     dead = dlq_rows(pg_dsn)
     assert [(json.loads(d["value"])["id"], d["error_class"]) for d in dead] == [(1, "unroutable")]
@@ -264,17 +260,7 @@ def test_a_row_one_table_refuses_is_isolated_and_the_other_tables_are_written(ka
     rows = [(1, "acme"), (200, "acme"), (3, "acme"), (4, "beta"), (5, "beta"), (6, "gamma")]
     produce(kafka_bootstrap, topic, [(str(i).encode(), json.dumps({"id": i, "name": f"n{i}"}).encode(), None,
                                       [("tenant", t.encode())]) for i, t in rows])
-    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
-                                               "client": dict(TEST_CONSUMER_SETTINGS)},
-                                     "pipelines": [{"name": PIPELINE, "topics": [topic], "group_id": group_id,
-                                                    "sink": {"dsn": pg_dsn, "table": "{header.tenant}",
-                                                             "conflict_key": ["id"],
-                                                             "columns": {"id": {"type": "bigint"},
-                                                                         "name": {"type": "text"}}}}]})
-    assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
-    res = run_ingest(["run", "--config", config, "--until-idle", "3", "--metrics-port", "0"], timeout_s=120,
-                     log_dir=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
+    config = run_by_tenant(kafka_bootstrap, pg_dsn, topic, group_id, tmp_path)
     assert sink_names(pg_dsn) == {"acme": {1, 3}, "beta": {4, 5}, "gamma": {6}}
     dead = dlq_rows(pg_dsn)
     assert [(json.loads(d["value"])["id"], d["stage"]) for d in dead] == [(200, "write")], dead
