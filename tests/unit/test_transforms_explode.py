@@ -126,3 +126,33 @@ def test_settings_that_cannot_work_are_refused_naming_why(data: dict[str, Any], 
     with pytest.raises(ValidationError) as err:
         PipelineSettings.model_validate(data)
     assert words in str(err.value), str(err.value)
+
+
+def test_clickhouse_children_mark_the_stale_ones_and_skip_late_parents() -> None:
+    """The ClickHouse child table's insert for a batch (pure: the table reads are given): new children,
+    a delete marker for each child the parent's array no longer holds, nothing for a parent whose
+    stored version is newer than its record."""
+    from ingest.sinks.clickhouse.children import ChildTable
+
+    p = PipelineSettings.model_validate(pipeline(explode(columns={
+        "order_id": {"type": "Int64"}, "line_no": {"type": "Int32"}, "sku": {"type": "String"},
+        "qty": {"type": "Nullable(Int32)"}})) | {"sink": {"kind": "clickhouse", "table": "orders", "order_by": ["id"],
+                                                        "columns": {"id": {"type": "Int64"},
+                                                                    "note": {"type": "Nullable(String)"}}},
+                                                  "dlq": {"kind": "kafka", "topic": "dlq"}})
+    child = ChildTable(0, p.sink, p.explode_steps[0][1])
+    m = mapper_for(p)
+    fresh, _ = m.map(record({"id": 1, "items": [{"sku": "a", "qty": 1}]}, offset=9))
+    late, _ = m.map(record({"id": 2, "items": [{"sku": "z"}]}, offset=3))
+
+    def query(text: str, parameters: dict[str, Any]) -> list[tuple[Any, ...]]:
+        if "keys" in parameters:  # the parents' stored versions: order 2 has a newer row than offset 3
+            return [(2, 7)]
+        assert parameters == {"links": [(1,)]}  # only the parents that apply are asked about
+        return [(1, 0, 1), (1, 1, 1)]  # order 1 holds line 0 and line 1: line 1 is gone now
+
+    out = child.rows(query, [fresh, late])
+    names = child.columns
+    rows = [dict(zip(names, r)) for r in out]
+    assert [(r["order_id"], r["line_no"], r["sku"], r["_ingest_deleted"], r["_version"]) for r in rows] == [
+        (1, 0, "a", 0, 9), (1, 1, "", 1, 9)]
