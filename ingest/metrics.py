@@ -55,6 +55,9 @@ class Metrics:
         self.table_rows_written = Counter("ingest_table_rows_written_total",
                                           "Rows written per table, for pipelines that route to many tables "
                                           "(sink.table a template).", [*p, "table"], registry=r)
+        self.table_dead_lettered = Counter("ingest_table_dead_lettered_total",
+                                           "Records a routed table's database refused (dead-lettered at stage "
+                                           "write), per table.", [*p, "table"], registry=r)
         self.records_filtered = Counter("ingest_records_filtered_total",
                                         "Records a filter transform dropped (handled: their offsets are committed).",
                                         [*p, "step"], registry=r)
@@ -156,6 +159,9 @@ class PipelineMetrics:
 
     def table_rows_written(self, table: str, n: int) -> None:
         self._m.table_rows_written.labels(self.name, table).inc(n)
+
+    def table_dead_lettered(self, table: str, n: int) -> None:
+        self._m.table_dead_lettered.labels(self.name, table).inc(n)
 
     def set_lag(self, topic: str, partition: int, lag: int, lag_s: float | None = None,
                 committed: int | None = None) -> None:

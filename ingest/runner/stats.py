@@ -35,6 +35,8 @@ class PipelineStats:
     columnar_records: int = 0
     #: pipelines that route to many tables: rows written per table
     rows_by_table: Counter[str] = field(default_factory=Counter)
+    #: ... and the records each table's database refused (dead-lettered at stage ``write``)
+    refused_by_table: Counter[str] = field(default_factory=Counter)
     #: "columnar", or "rows (<why>)": what the pipeline was built to write with (ingest.runner.columnar)
     write_tier: str | None = None
     #: exactly-once: records re-read after a restart that the database already had
@@ -70,6 +72,10 @@ class PipelineStats:
             self.rows_by_table.update(c.rows_by_table)
             for table, n in c.rows_by_table.items():
                 m.table_rows_written(table, n)
+        if c.refused_by_table:
+            self.refused_by_table.update(c.refused_by_table)
+            for table, n in c.refused_by_table.items():
+                m.table_dead_lettered(table, n)
         if c.queue_wait_s is not None:
             self.queue_waits_s.append(c.queue_wait_s)
         m.batch_rows.observe(c.records)
@@ -118,6 +124,8 @@ class PipelineStats:
             "columnar_records": self.columnar_records,
             "already_written": self.already_written,
             **({"rows_written_by_table": dict(sorted(self.rows_by_table.items()))} if self.rows_by_table else {}),
+            **({"dead_lettered_by_table": dict(sorted(self.refused_by_table.items()))}
+               if self.refused_by_table else {}),
             "batches": self.batches,
             "flushes": dict(self.flushes),
             "retries": self.retries,

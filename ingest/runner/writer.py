@@ -89,6 +89,8 @@ class Completion:
     columnar_records: int = 0
     #: pipelines that route to many tables: rows written per table (None otherwise)
     rows_by_table: Counter[str] | None = None
+    #: ... and the records of each table the database refused (dead-lettered at stage ``write``)
+    refused_by_table: Counter[str] | None = None
     error: BaseException | None = None
 
 
@@ -365,6 +367,7 @@ class BatchWriter:
         result.rows_deleted = sum(1 for item in written if isinstance(item.row, DeleteRow))
         if self._routed:
             result.rows_by_table = Counter(item.row[-1] for item in written)  # type: ignore[index]
+            result.refused_by_table = Counter(item.row[-1] for item, _ in poison)  # type: ignore[index]
         self._dead_letter(failures, retries)
 
     def _handle_exactly_once(self, lane: int, items: Sequence[Item], result: Completion,
@@ -379,6 +382,7 @@ class BatchWriter:
         result.rows_deleted = done.rows_deleted
         if self._routed:
             result.rows_by_table = Counter(item.row[-1] for item in done.written)
+            result.refused_by_table = Counter(item.row[-1] for item in done.refused)
         result.write_calls = done.write_calls
         result.skipped = done.already_written
         return done.dead_letters

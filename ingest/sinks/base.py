@@ -51,6 +51,8 @@ class ExactlyOnceResult:
     rows_deleted: int = 0
     #: the rows written (items), for per-table counts of pipelines that route to many tables
     written: Sequence[Any] = ()
+    #: the items the database refused alone (dead-lettered at stage ``write``), for the same counts
+    refused: Sequence[Any] = ()
 
 
 #: The exactly-once lane transaction: (lane, items) -> what it did; rows, DLQ rows and offsets commit together.

@@ -148,8 +148,8 @@ def run_by_tenant(bootstrap: str, dsn: str, topic: str, group: str, tmp_path: Pa
                                                              "columns": {"id": {"type": "bigint"},
                                                                          "name": {"type": "text"}}}}]})
     assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
-    res = run_ingest(["run", "--config", config, "--until-idle", "3", "--metrics-port", "0"], timeout_s=120,
-                     log_dir=tmp_path)
+    res = run_ingest(["run", "--config", config, "--until-idle", "3", "--metrics-port", "0", "--summary-json",
+                      tmp_path / "summary.json"], timeout_s=120, log_dir=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     return config
 
@@ -261,6 +261,9 @@ def test_a_row_one_table_refuses_is_isolated_and_the_other_tables_are_written(ka
     produce(kafka_bootstrap, topic, [(str(i).encode(), json.dumps({"id": i, "name": f"n{i}"}).encode(), None,
                                       [("tenant", t.encode())]) for i, t in rows])
     config = run_by_tenant(kafka_bootstrap, pg_dsn, topic, group_id, tmp_path)
+    stats = read_summary(tmp_path / "summary.json")["pipelines"][PIPELINE]
+    assert stats["dead_lettered_by_table"] == {"acme": 1}
+    assert stats["rows_written_by_table"] == {"acme": 2, "beta": 2, "gamma": 1}
     assert sink_names(pg_dsn) == {"acme": {1, 3}, "beta": {4, 5}, "gamma": {6}}
     dead = dlq_rows(pg_dsn)
     assert [(json.loads(d["value"])["id"], d["stage"]) for d in dead] == [(200, "write")], dead

@@ -259,4 +259,5 @@ class ExactlyOnceWriter:
                 self._dlq.put_in(cur, [entry_row(e) for e in entries])
         self._lane_offsets.advance(conn, lane, high)
         deleted = sum(1 for item in written if isinstance(item.row, DeleteRow))
-        return ExactlyOnceResult(len(written), entries, calls[0], len(items) - len(fresh), deleted, written)
+        return ExactlyOnceResult(len(written), entries, calls[0], len(items) - len(fresh), deleted, written,
+                                 [item for item, _ in poison])
