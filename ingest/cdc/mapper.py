@@ -76,7 +76,7 @@ def _mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,
             return mapper
         children = [ChildMapper(i, settings.transforms[i].label(i), e, settings.explode_columns(e))
                     for i, e in settings.explode_steps]
-        return TransformingMapper(mapper, transformer, children)
+        return TransformingMapper(mapper, transformer, children, columnar_steps=settings.transforms)
     return ChangeMapper(settings, decoder=decoder, key_decoder=key_decoder, transformer=transformer)
 
 
@@ -85,16 +85,21 @@ class TransformingMapper:
 
     The mapper's contract (``map(record) -> (row, ordering_key)``, raising InvalidRecord for poison)
     plus :class:`~ingest.errors.Filtered` (a :class:`~ingest.errors.NoChange`) for a record a filter
-    drops. A tombstone is not transformed (the mapper decides it, as without transforms). No
-    columnar plan: transformed records take the row path (:func:`ingest.runner.columnar.columnar_tier`
-    says so).
+    drops. A tombstone is not transformed (the mapper decides it, as without transforms). A
+    columnar plan when every step is one the columnar tier evaluates
+    (:mod:`ingest.core.transforms.columnar`); :meth:`columnar_refusal` names the step that is not.
     """
 
-    def __init__(self, mapper: Mapper, transformer: Transformer, children: Sequence[ChildMapper] = ()) -> None:
-        """``children``: one per ``explode`` step, in order: rows become :class:`~ingest.types.FamilyRow`."""
+    def __init__(self, mapper: Mapper, transformer: Transformer, children: Sequence[ChildMapper] = (), *,
+                 columnar_steps: Sequence[Any] = ()) -> None:
+        """``children``: one per ``explode`` step, in order: rows become :class:`~ingest.types.FamilyRow`.
+        ``columnar_steps``: the configured steps behind ``transformer``
+        (:class:`ingest.config.transforms.TransformStep`), for the columnar tier; none: no columnar plan."""
         self._mapper = mapper
         self.transformer = transformer
         self._children = tuple(children)
+        self._steps = tuple(columnar_steps)
+        self._columnar: tuple[Any, str | None] | None = None  # (compiled for the tier, why not): once
         self.column_names = mapper.column_names
         self.column_types = mapper.column_types
 
@@ -109,9 +114,37 @@ class TransformingMapper:
     def review_typed(self, offered: int) -> None:
         """Nothing to review: no typed tier here (see :meth:`Mapper.review_typed`)."""
 
-    def columnar_plan(self, key_index: tuple[int, ...] | None, version_index: int | None = None) -> None:
-        """None: transforms run on the row path only."""
-        return None
+    def _columnar_transform(self) -> tuple[Any, str | None]:
+        """The steps compiled for the columnar tier, or None and why not (compiled once)."""
+        if self._columnar is None:
+            if not self._steps:
+                self._columnar = (None, "transforms run on the row path (their settings were not given)")
+            else:
+                from ingest.core.transforms.subset import Unsupported  # no pyarrow
+
+                try:
+                    from ingest.core.transforms.columnar import compile_columnar  # imports pyarrow
+
+                    self._columnar = (compile_columnar(self._steps, self.transformer), None)
+                except Unsupported as exc:
+                    self._columnar = (None, str(exc))
+                except ImportError as exc:  # pragma: no cover - the tier checks for pyarrow first
+                    self._columnar = (None, f"pyarrow is not installed ({exc})")
+        return self._columnar
+
+    def columnar_plan(self, key_index: tuple[int, ...] | None, version_index: int | None = None) -> Any:
+        """The row mapper's columnar plan applying the transforms to each batch first, or None when a step
+        is not one the tier evaluates, or the columns cannot be staged (see :meth:`columnar_refusal`)."""
+        transform, _ = self._columnar_transform()
+        if transform is None:
+            return None
+        return self._mapper.columnar_plan(key_index, version_index, transform=transform)
+
+    def columnar_refusal(self, key_index: tuple[int, ...] | None, version_index: int | None = None) -> str | None:
+        """Why :meth:`columnar_plan` makes no plan -- the first step the tier does not evaluate, naming it
+        (``transforms[1] (1-set): set.label: ...``), or the columns' reason -- or None when it makes one."""
+        _, why = self._columnar_transform()
+        return why if why is not None else self._mapper.columnar_refusal(key_index, version_index)
 
     def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
         """``(row, ordering_key)`` of the transformed record. Raises InvalidRecord, Filtered. With

@@ -33,13 +33,14 @@ import logging
 import operator
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from ingest.config import PipelineSettings
 from ingest.core.mapping import Mapper
 from ingest.core.mapping.columnar import ColumnarPlan
-from ingest.errors import InvalidRecord
+from ingest.errors import Filtered, InvalidRecord
 from ingest.types import Failure, Item, Record
 
 _record_of = operator.attrgetter("record")
@@ -55,11 +56,14 @@ MAX_DECLINED_SHARE = 0.25
 @dataclass(frozen=True, slots=True)
 class ColumnarPlanned:
     """A batch the tier took: its collapsed rows as the sink encoded them (``encode_columns``), how
-    many rows that is, and its poison records, each with its failure, for the DLQ."""
+    many rows that is, its poison records, each with its failure, for the DLQ, and the records a
+    transform's filter dropped (no row; done with the batch), with how many each filter dropped."""
 
     payload: Any
     rows: int
     poison: list[tuple[Item, Failure]]
+    filtered_items: list[Item] = field(default_factory=list)
+    filtered: Counter[str] = field(default_factory=Counter)
 
 
 class ColumnarTier:
@@ -89,9 +93,19 @@ class ColumnarTier:
             return None
         built = self._plan.build(list(map(_record_of, items)) if records is None else records, listed)
         poison: list[tuple[Item, Failure]] = []
+        filtered_items: list[Item] = []
+        filtered: Counter[str] = Counter()
         if built is not None:
+            for label, positions in built.filtered.items():  # dropped by a transform's filter
+                filtered[label] += len(positions)
+                filtered_items += map(items.__getitem__, positions)
             for i in built.rejected:
-                failure = self.map_item(items[i]).failure
+                try:
+                    failure = self.map_item(items[i]).failure
+                except Filtered as exc:  # the row path's transforms drop it: no row, as the plan's filtered
+                    filtered[exc.step] += 1
+                    filtered_items.append(items[i])
+                    continue
                 if failure is None:  # the row mapper takes it: the whole batch goes by rows
                     built = None
                     break
@@ -105,10 +119,25 @@ class ColumnarTier:
                          extra={"pipeline": self._pipeline, "error_class": getattr(exc, "error_class", None)})
                 built = None
         self._review(len(items), built is None)
-        return ColumnarPlanned(payload, built.table.num_rows, poison) if built is not None else None
+        if built is None:
+            return None
+        return ColumnarPlanned(payload, built.table.num_rows, poison, filtered_items, filtered)
+
+    def map_items(self, items: Sequence[Item]) -> tuple[list[Item], Counter[str]]:
+        """``items`` mapped by the row mapper (:meth:`map_item`) but for those a transform's filter drops,
+        and how many each filter dropped."""
+        mapped: list[Item] = []
+        filtered: Counter[str] = Counter()
+        for item in items:
+            try:
+                mapped.append(self.map_item(item))
+            except Filtered as exc:
+                filtered[exc.step] += 1
+        return mapped, filtered
 
     def map_item(self, item: Item) -> Item:
-        """``item`` mapped by the row mapper: with its row, or with its failure (poison)."""
+        """``item`` mapped by the row mapper: with its row, or with its failure (poison). Raises
+        :class:`~ingest.errors.Filtered` for a record a transform's filter drops."""
         try:
             row, _ = self._map(item.record)
             return Item(item.record, row, None, item.epoch, item.size_bytes)
@@ -186,8 +215,6 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
         why = "it reads plain JSON values only"
     elif p.has_deletes:
         why = "a pipeline whose records delete writes by rows"
-    elif p.transforms:
-        why = "transforms run on the row path (the columnar tier does not apply them yet)"
     elif rule.key_index is not None and (rule.keep != "last" or rule.merge_deletes):
         why = "its collapse rule is not 'the last (or highest-version) record of a key wins'"
     elif importlib.util.find_spec("pyarrow") is None:

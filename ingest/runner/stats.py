@@ -76,6 +76,12 @@ class PipelineStats:
             self.refused_by_table.update(c.refused_by_table)
             for table, n in c.refused_by_table.items():
                 m.table_dead_lettered(table, n)
+        if c.filtered:  # dropped by a filter in a batch mapped at once (the columnar tier), counted as the
+            # row path counts them when it maps records one by one (ingest.runner.accept)
+            self.filtered.update(c.filtered)
+            self.records_mapped -= sum(c.filtered.values())
+            for step, n in c.filtered.items():
+                m.filtered(step, n)
         if c.queue_wait_s is not None:
             self.queue_waits_s.append(c.queue_wait_s)
         m.batch_rows.observe(c.records)
@@ -84,7 +90,7 @@ class PipelineStats:
         m.rows_written.inc(c.rows_written)
         if c.rows_deleted:
             m.rows_deleted.inc(c.rows_deleted)
-        m.records_done.inc(c.records)
+        m.records_done.inc(c.records - sum(c.filtered.values()))  # in the sink or the DLQ
         # m.retries counts each retry as it happens (BatchWriter.on_retry), not here
         m.write_calls.inc(c.write_calls)
         for (stage, error_class), n in c.dead_lettered.items():

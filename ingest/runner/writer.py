@@ -91,6 +91,9 @@ class Completion:
     rows_by_table: Counter[str] | None = None
     #: ... and the records of each table the database refused (dead-lettered at stage ``write``)
     refused_by_table: Counter[str] | None = None
+    #: records of the batch a transform's filter dropped, by the filter's label (batches the columnar tier
+    #: mapped: the row path drops them before batching); in ``done`` and ``records``
+    filtered: Counter[str] = field(default_factory=Counter)
     error: BaseException | None = None
 
 
@@ -111,6 +114,8 @@ class PreparedBatch:
     #: the columnar tier took the batch (its items are not mapped): the columnar write and its poison
     #: records (:meth:`ColumnarTier.build`); None: written by rows
     columnar: ColumnarPlanned | None = None
+    #: unmapped items mapped here by rows: how many a transform's filter dropped (not in ``items``)
+    filtered: Counter[str] = field(default_factory=Counter)
 
 
 class BatchWriter:
@@ -199,7 +204,9 @@ class BatchWriter:
             planned = tier.build(items, records, listed)
             if planned is not None:
                 return PreparedBatch(items, size, oldest, done, None, None, planned)
-            items = [tier.map_item(item) for item in items]
+            items, filtered = tier.map_items(items)
+            failures, groups = self.plan(items)
+            return PreparedBatch(items, size, oldest, done, failures, groups, filtered=filtered)
         failures, groups = self.plan(items) if self._exactly_once is None else (None, None)
         return PreparedBatch(items, size, oldest, done, failures, groups)
 
@@ -216,6 +223,11 @@ class BatchWriter:
         prepared = batch if isinstance(batch, PreparedBatch) else self.prepare(batch)
         items = prepared.items
         result = Completion(lane=lane, reason=reason, records=len(items))
+        if prepared.columnar is not None:
+            result.filtered = prepared.columnar.filtered
+        elif prepared.filtered:  # not in the items, but in the batch (the in-flight count)
+            result.filtered = prepared.filtered
+            result.records += sum(prepared.filtered.values())
         result.size_bytes = prepared.size_bytes
         result.min_timestamp_ms = prepared.min_timestamp_ms
         retries = [0]
@@ -299,9 +311,10 @@ class BatchWriter:
             finally:
                 if dead_lettered is not None:
                     dead_lettered.result()  # durable, or the DLQ's error (retries spent): the batch fails
-        if not written:  # by rows, but for the poison records already in the DLQ
+        if not written:  # by rows, but for the poison records already in the DLQ (and the filtered ones)
             poisoned = {id(item) for item, _ in planned.poison}
-            rest, groups = self.plan([tier.map_item(item) for item in items if id(item) not in poisoned])
+            mapped, _ = tier.map_items([item for item in items if id(item) not in poisoned])
+            rest, groups = self.plan(mapped)
             return failures + self._handle_at_least_once(rest, groups, result, retries, grant, scheduled)
         result.write_calls = 1
         result.rows_written = planned.rows
@@ -314,9 +327,12 @@ class BatchWriter:
         by_tp: dict[tuple[str, int], list[int]] = {}
         for (tp, _epoch), offsets in done.items():  # one epoch per partition, but for a rebalance
             by_tp.setdefault((tp.topic, tp.partition), []).extend(offsets)
-        if planned.poison:  # a few per batch: the rows come from the other records
-            for item, _ in planned.poison:
-                by_tp[(item.record.topic, item.record.partition)].remove(item.record.offset)
+        if planned.poison or planned.filtered_items:  # the rows come from the other records
+            left_out: dict[tuple[str, int], set[int]] = {}
+            for item in itertools.chain((item for item, _ in planned.poison), planned.filtered_items):
+                left_out.setdefault((item.record.topic, item.record.partition), set()).add(item.record.offset)
+            by_tp = {tp: [o for o in offsets if o not in left_out[tp]] if tp in left_out else offsets
+                     for tp, offsets in by_tp.items()}
             by_tp = {tp: offsets for tp, offsets in by_tp.items() if offsets}
         return offsets_token(self._pipeline, by_tp)
 

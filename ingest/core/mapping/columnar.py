@@ -45,7 +45,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -177,6 +177,9 @@ class ColumnarBatch:
 
     table: Any
     rejected: list[int]
+    #: the positions of the records a transform's filter dropped, by the filter's label (no row, not
+    #: rejected: the row path drops them alike; ingest.core.transforms.columnar)
+    filtered: dict[str, list[int]] = field(default_factory=dict)
 
 
 class ColumnarPlan:
@@ -184,8 +187,12 @@ class ColumnarPlan:
     but the memo of stream ids, which any thread may fill."""
 
     def __init__(self, names: Sequence[str], columns: Sequence[FastColumn], kinds: Sequence[StagedColumn],
-                 keys: Sequence[str], key_index: tuple[int, ...] | None, version_index: int | None = None) -> None:
-        """``key_index``: the positions of the key columns whose rows collapse (None: every row kept);
+                 keys: Sequence[str], key_index: tuple[int, ...] | None, version_index: int | None = None,
+                 transform: Any = None) -> None:
+        """``transform``: the pipeline's transforms compiled for the tier
+        (:class:`ingest.core.transforms.columnar.ColumnarTransform`): the batch is decoded by its
+        decoder and the columns read its results (``keys``: the document keys after the steps).
+        ``key_index``: the positions of the key columns whose rows collapse (None: every row kept);
         ``version_index``: the position of the version column (an ``int`` column) whose highest value
         wins a key, ties going to the last record (None: the last record wins)."""
         import pyarrow as pa
@@ -201,7 +208,12 @@ class ColumnarPlan:
             if col.doc_key is not None:
                 staged_as.setdefault(col.doc_key, set()).add(_DECODED_AS.get(staged.kind))
         decoded_as = [next(iter(staged_as[key])) if len(staged_as.get(key, ())) == 1 else None for key in keys]
-        self._decode_lines = typed_lines_decoder(keys, decoded_as)
+        self._transform = None if transform is None else transform.bind(keys)
+        if self._transform is not None:  # the columns read computed values: each is checked
+            decoded_as = [None] * len(keys)
+            self._decode_lines = self._transform.decode_lines
+        else:
+            self._decode_lines = typed_lines_decoder(keys, decoded_as)
         self._empty = self._decode_lines(b"{}")[0]  # the document of a refused value (all fields missing)
         self._stream = memoised_stream_id(stream_id)
         #: per column: (how to read its values from (the documents' fields, each a sequence over the
@@ -276,6 +288,9 @@ class ColumnarPlan:
         self._decode(values, 0, docs, rejected, joined)
         # the documents transposed: one sequence per field, in C (a tuple per document, then zip)
         by_field: list[Sequence[Any]] = list(zip(*map(_astuple, docs)))
+        filtered: dict[str, list[int]] = {}
+        if self._transform is not None:  # the transforms' results, and the records they filtered
+            by_field, filtered = self._transform.apply(by_field, fields, rejected, n)
         arrays = []
         values_of: list[Sequence[Any]] = []  # each column's values as Python objects (the collapse's keys)
         bad = None
@@ -306,13 +321,19 @@ class ColumnarPlan:
             values_of.append(column)
         if bad is not None and pc.any(bad).as_py():
             rejected.update(pc.indices_nonzero(bad).to_pylist())
+        if filtered:  # a filtered record has no row: its values are not checked, it is not rejected
+            dropped = set(itertools.chain.from_iterable(filtered.values()))
+            rejected.difference_update(dropped)
+            skipped = rejected | dropped
+        else:
+            skipped = rejected
         table = pa.Table.from_arrays(arrays, names=self._names)
-        if self._version_index is not None and _null_at(table.column(self._version_index), rejected):
+        if self._version_index is not None and _null_at(table.column(self._version_index), skipped):
             return None  # a record without a version: the row path decides
-        keep = self._survivors(table, values_of, n, rejected)
+        keep = self._survivors(table, values_of, n, skipped)
         if keep is not None:
             table = table.take(pa.array(keep, type=pa.int64()))
-        return ColumnarBatch(table, sorted(rejected))
+        return ColumnarBatch(table, sorted(rejected), filtered)
 
     def _decode(self, values: list[bytes], start: int, docs: list[Any], rejected: set[int],
                 joined: bytes | None = None) -> None:

@@ -315,14 +315,15 @@ class Mapper:
         return None
 
     def columnar_plan(self, key_index: tuple[int, ...] | None,
-                      version_index: int | None = None) -> ColumnarPlan | None:
+                      version_index: int | None = None, *, transform: Any = None) -> ColumnarPlan | None:
         """A :class:`~ingest.core.mapping.columnar.ColumnarPlan` for this mapper's columns (rows
         collapsed to the winner of each ``key_index`` key -- the last record, or the highest
         ``version_index`` value, ties to the last; None: every row kept), or None when the columnar
         tier cannot map them: not a typed JSON pipeline (see :attr:`typed`), a column of a kind it
         does not stage (:func:`~ingest.core.mapping.columnar.pg_staged`,
         :func:`~ingest.core.mapping.columnar.ch_staged`) or with a default, a version column that is
-        not an integer column."""
+        not an integer column. ``transform``: the pipeline's transforms compiled for the tier, applied
+        to each batch before its columns are read (:class:`ingest.core.mapping.columnar.ColumnarPlan`)."""
         if self._columnar_source is None:
             return None
         columns, keys, dialect = self._columnar_source
@@ -334,7 +335,7 @@ class Mapper:
             kinds.append(staged)
         if version_index is not None and kinds[version_index].kind != "int":
             return None
-        return ColumnarPlan(self.column_names, columns, kinds, keys, key_index, version_index)
+        return ColumnarPlan(self.column_names, columns, kinds, keys, key_index, version_index, transform=transform)
 
     @property
     def typed(self) -> bool:
