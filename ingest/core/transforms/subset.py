@@ -55,8 +55,9 @@ def _tokens(text: str) -> list[tuple[str, Any]]:
     pos = 0
     while pos < len(text):
         m = _TOKEN.match(text, pos)
-        if m is None:
-            raise Unsupported(f"{text[pos:pos + 12]!r} (at column {pos + 1})")
+        if m is None:  # the parser names it when it gets there (what comes before may be named first)
+            out.append(("bad", f"{text[pos:pos + 12]!r} (at column {pos + 1})"))
+            break
         pos = m.end()
         kind = m.lastgroup
         token = m.group()
@@ -126,7 +127,7 @@ class _Parser:
 
     def _show(self) -> str:
         kind, value = self.peek()
-        return "the end" if kind == "end" else repr(value)
+        return "the end" if kind == "end" else value if kind == "bad" else repr(value)
 
     # Expr = ConditionalOr ["?" ConditionalOr ":" Expr]
     def expr(self) -> Node:
@@ -193,7 +194,7 @@ class _Parser:
                 if not self.accept("."):
                     raise Unsupported("'value' other than as value.FIELD")
                 return ("field", self._selector())
-            if value in METADATA:
+            if value in METADATA and self.peek() != ("op", "("):
                 return ("meta", value)
             if value == "has":
                 self.expect("(")
@@ -214,6 +215,8 @@ class _Parser:
             raise Unsupported(f"the variable {value!r}")
         if kind == "end":
             raise Unsupported("an incomplete expression")
+        if kind == "bad":
+            raise Unsupported(value)
         raise Unsupported(f"{value!r}")
 
     def _selector(self) -> str:
