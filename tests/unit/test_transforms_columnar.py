@@ -289,6 +289,19 @@ def test_step_lists_give_the_row_paths_documents(steps: list[dict[str, Any]], do
     differential(steps, docs)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats() | st.sampled_from([1e-4, 9.999999999999999e-05, 999999.9999999999, 1e6, -1e-4, 0.1]),
+                min_size=1, max_size=40),
+       st.lists(st.from_regex(r"-?[0-9]{1,20}(\.[0-9]{1,20})?", fullmatch=True) |
+                st.from_regex(r" ?[+-]?[0-9]{0,3}[.eE]?[0-9]{0,3} ?", fullmatch=True), min_size=1, max_size=40))
+def test_conversions_of_whole_columns_match_cel(doubles: list[float], texts: list[str]) -> None:
+    """string() of doubles as Arrow and Python write them, int()/double() of text as Arrow parses it."""
+    differential([{"set": {"x": "string(value.a)", "y": "string(-value.a)"}}],
+                 [{"a": x} for x in doubles if math.isfinite(x)] or [{"a": 1.0}])
+    differential([{"set": {"x": "double(value.b)"}}], [{"b": t} for t in texts])
+    differential([{"set": {"y": "int(value.b)"}}], [{"b": t} for t in texts])
+
+
 def test_the_differential_tests_compared_taken_records() -> None:
     """Runs after them (file order): most comparisons must not have been handed to the row path."""
     assert SEEN["taken"] >= 1000 and SEEN["filtered"] >= 100, SEEN

@@ -475,6 +475,10 @@ class Field:
         self._convert(ctx)
         return self._vec  # type: ignore[return-value]
 
+    def absent_known_none(self) -> bool:
+        """Whether the field is known (converted already) to be present in every record."""
+        return self._known and self._absent is None
+
     def absent(self, ctx: _Ctx) -> Mask:
         self._convert(ctx)
         return self._absent
@@ -680,6 +684,8 @@ class BoundTransform:
                 out.append([None] * n)
                 continue
             values = field.python(ctx)
+            if not field.clean and field.absent_known_none():
+                field.clean = True  # a tested field present in every record
             out.append(values if field.clean else [None if v is UNSET else v for v in values])
         return out, {label: pc.indices_nonzero(mask).to_pylist() for label, mask in filtered.items()}
 
