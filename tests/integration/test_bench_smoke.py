@@ -78,7 +78,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
     # transforms (a filter, three computed columns) beside the same pipeline without; each table checked
     ("transforms_pipeline.py", ["--records", "3000", "--rounds", "1"],
      (re.compile(r"transforms / plain = x[\d.]+ records/s \(medians; target >= 0\.8\)"),
-      re.compile(r"round 1 transforms +[\d,]+ records/s, own CPU -?[\d.]+ us per record, columnar 0, filtered 0"))),
+      re.compile(r"round 1 transforms +[\d,]+ records/s, own CPU -?[\d.]+ us per record, columnar 3000, filtered 0"),
+      re.compile(r"transforms took the columnar tier \(100% of records written by columns\)"))),
     # the same records into one table and over N tables by a pattern and a template; every table checked
     ("multi_table.py", ["--records", "3000", "--tables", "3", "--rounds", "1"],
      (re.compile(r"N tables / one table = [\d.]+ x records/s \(target >= 0\.8\)"),
