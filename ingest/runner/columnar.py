@@ -22,8 +22,10 @@ column reads, nested values...); it is logged at ``info``.
 
 :func:`columnar_tier` decides whether a pipeline can have the tier at all (at least once, one
 lane, JSON, a sink that declares the ``columnar`` capability and takes the plan's columns, the last
-or highest-version record of a key wins); a pipeline that can has it unless its configuration says
-``columnar: false``.
+or highest-version record of a key wins, transforms -- if any -- that the tier evaluates:
+:mod:`ingest.core.transforms.columnar`); a pipeline that can has it unless its configuration says
+``columnar: false``. Records a transform's filter drops have no row and are counted per filter
+(:attr:`ColumnarPlanned.filtered`), whether the plan or the row mapper dropped them.
 """
 
 from __future__ import annotations

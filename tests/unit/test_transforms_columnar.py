@@ -448,3 +448,80 @@ def test_the_tier_counts_filtered_records_and_dead_letters_poison() -> None:
                                                                               (3, "transform_error")]
     mapped, filtered = tier.map_items(items)
     assert filtered == {"no-test": 2} and [i.record.offset for i in mapped] == [0, 2, 3]
+
+
+class _Dlq:
+    def __init__(self) -> None:
+        self.entries: list = []
+
+    def put(self, entries) -> None:
+        self.entries.extend(entries)
+
+
+def _writer_of(encode, columnar_write, rows: list, dlq: _Dlq, tokens: bool = False):
+    import threading
+
+    from ingest.config import RetrySettings
+    from ingest.runner.writer import BatchWriter
+
+    mapper = mapper_for(PIPE)
+    plan = mapper.columnar_plan(PIPE.collapse_rule().key_index)
+    tier = ColumnarTier("p", plan, encode, columnar_write, mapper.map)
+
+    def write(batch, token=None) -> None:
+        rows.append((list(batch), token))
+
+    return BatchWriter(pipeline="p", write=write, dlq=dlq, retry=RetrySettings(max_attempts=2),
+                       collapse_rule=PIPE.collapse_rule(), abort=threading.Event(), columnar=tier,
+                       insert_tokens=tokens)
+
+
+BATCH = [{"order": 1, "kind": "a", "amount": 1.25}, {"order": 2, "kind": "test", "amount": 1.0},
+         {"order": 3, "kind": "b", "amount": "x"}, {"order": 4, "kind": "test"}, {"order": 5, "kind": "c", "amount": 2.5}]
+
+
+@pytest.mark.parametrize("by", ["columns", "rows: not encoded", "rows: the columnar write failed"])
+def test_a_batch_with_filtered_records_completes_whole_and_counts_them(by: str) -> None:
+    """Filtered records are in the batch's offsets and its record count (the in-flight accounting), not
+    in its rows, its DLQ entries or its insert token; counted per filter whichever way it is written."""
+    from ingest.sinks.base import dedup_token
+
+    columnar: list = []
+    rows: list = []
+    dlq = _Dlq()
+
+    def encode(table):
+        if by == "rows: not encoded":
+            raise ValueError("refused")
+        return table
+
+    def columnar_write(payload, token=None) -> None:
+        if by == "rows: the columnar write failed":
+            raise RuntimeError("down")
+        columnar.append((payload, token))
+
+    writer = _writer_of(encode, columnar_write, rows, dlq, tokens=True)
+    items = [Item(rec(d, i), None, None, 0, 10) for i, d in enumerate(BATCH)]
+    done = writer.handle(0, items, "size")
+    assert done.error is None
+    assert done.records == 5 and done.filtered == {"no-test": 2}
+    assert sorted(o for offsets in done.done.values() for o in offsets) == [0, 1, 2, 3, 4]
+    assert [e.record.offset for e in dlq.entries] == [2] and done.rows_written == 2
+    written = [t.to_pylist() for t, _ in columnar] if by == "columns" else [r for batch, _ in rows for r in batch]
+    assert len(written) == (1 if by == "columns" else 2)
+    token = columnar[0][1] if by == "columns" else rows[0][1]
+    assert token == dedup_token("p", [items[0], items[4]])  # the records behind the rows, as the row path's
+
+
+def test_the_run_counts_a_batchs_filtered_records_as_the_row_path_does() -> None:
+    from ingest.metrics import Metrics
+    from ingest.runner.stats import PipelineStats
+    from ingest.runner.writer import Completion
+
+    metrics = Metrics().pipeline("p")
+    stats = PipelineStats(records_consumed=5, records_mapped=5)
+    stats.count(Completion(lane=0, reason="size", records=5, rows_written=2, filtered=Counter({"no-test": 2})),
+                metrics)
+    assert stats.filtered == {"no-test": 2} and stats.records_mapped == 3
+    assert metrics._m.records_filtered.labels("p", "no-test")._value.get() == 2
+    assert metrics.records_done._value.get() == 3

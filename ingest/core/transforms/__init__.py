@@ -12,7 +12,9 @@ Pure logic: no I/O, no clock. A step that fails on a record raises
 naming the step's index and label); a filter that drops a record raises
 :class:`~ingest.errors.Filtered`. Where this runs: :mod:`ingest.cdc.mapper` wraps the row mapper
 (:class:`ingest.cdc.mapper.TransformingMapper`), so the pipeline, ``replay-dlq`` and
-``ingest preview`` all apply the pipeline's current transforms the same way.
+``ingest preview`` all apply the pipeline's current transforms the same way. On the columnar tier,
+steps in the subset of :mod:`.subset` are evaluated on whole batches by :mod:`.columnar`, which
+hands every record it cannot vouch for to that row path.
 """
 
 from ingest.core.transforms.compile import Transformer, check_transforms, compile_transforms
