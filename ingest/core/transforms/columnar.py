@@ -500,6 +500,10 @@ def _missing(ctx: _Ctx) -> Field:
 def _from_python(values: Sequence[Any], ctx: _Ctx) -> tuple[Vec, Mask]:
     """Decoded values as a vector of their most common type (other types unsure), and the absent mask."""
     n = ctx.n
+    one = set(map(type, values))
+    if len(one) == 1 and (only := next(iter(one))) in _KINDS:  # the common case: one type, present everywhere
+        kind, arrow = _KINDS[only]
+        return Vec(kind, pa.array(values, arrow)), None
     types = list(map(type, values))
     counts = collections.Counter(types)
     absent = pa.array(list(map(operator.is_, types, itertools.repeat(_UnsetType))), pa.bool_()) \
