@@ -50,6 +50,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
     n = args.records
+    import pyarrow as pa
+
+    pa.set_memory_pool(pa.system_memory_pool())  # as a run with the columnar tier does (ingest.runner.columnar)
     records = [Record("t", i % 6, i, str(i).encode(), event(i, i), 1_700_000_000_000 + i) for i in range(n)]
     plans = {"plain": plan_of(COLUMNS, None), "transforms": plan_of(T_COLUMNS, TRANSFORMS)}
     for name, (plan, mapper) in plans.items():
