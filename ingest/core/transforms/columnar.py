@@ -14,8 +14,9 @@ each filter dropped, and adds to ``rejected`` every record whose result it canno
 tracks, per record, one of three states for every value: a value of the vector's one CEL type, CEL
 ``null``, or *unsure* -- an error the row path would raise (a missing field, an integer overflow, a
 division by zero, no matching overload, a predicate that gives no bool) or a case this module does
-not compute itself (a field holding a type other than the batch's dominant one, an int beside a
-double beyond 2**53, a NaN in a comparison, text that is not plainly a number, ...). ``&&``,
+not compute itself (an int beside a double beyond 2**53, a NaN in a comparison, text that is not
+plainly a number, ...). A vector holds one type: a batch whose read fields mix types is evaluated
+in groups of one type combination each (:meth:`BoundTransform.apply`). ``&&``,
 ``||`` and ``?:`` absorb errors as CEL does (``false && error`` is ``false``). A record that is
 unsure where it matters -- the predicate of a filter or a ``when``, a ``set`` expression, a rename
 onto an existing field -- is rejected: the row mapper maps it (or dead-letters it, class
@@ -631,7 +632,50 @@ class BoundTransform:
         (in :attr:`input_keys` order), ``fields`` the records' metadata (``fields("topic")``...);
         ``rejected``: the records the decoder refused (not evaluated), to which this adds every record
         the row mapper must decide. Returns each output key's values (None where missing or null) and
-        the positions each filter dropped, by its label. Never raises for any record content."""
+        the positions each filter dropped, by its label. Never raises for any record content.
+
+        A vector has one type, so a field read with values of several JSON types (integers among
+        doubles, some nulls, some missing) would leave the records of the minority types unsure: the
+        batch is evaluated in groups instead, one per combination of the read fields' types (at most
+        :data:`MAX_TYPE_GROUPS`; beyond, whole), and the results put back in batch order."""
+        groups = self._type_groups(by_field)
+        if groups is None:
+            return self._apply(by_field, fields, rejected, n)
+        out: list[list[Any]] = [[None] * n for _ in self._output_keys]
+        filtered: dict[str, list[int]] = {}
+        for positions in groups:
+            take = _taker(positions)
+            sub_rejected = {k for k, i in enumerate(positions) if i in rejected} if rejected else set()
+            sub_out, sub_filtered = self._apply([take(values) for values in by_field], _SubFields(fields, take),
+                                                sub_rejected, len(positions))
+            rejected.update(positions[k] for k in sub_rejected)
+            for column, values in zip(out, sub_out, strict=True):
+                for i, value in zip(positions, values, strict=True):
+                    column[i] = value
+            for label, dropped in sub_filtered.items():
+                filtered.setdefault(label, []).extend(positions[k] for k in dropped)
+        return out, {label: sorted(dropped) for label, dropped in filtered.items()}
+
+    def _type_groups(self, by_field: list[Sequence[Any]]) -> list[list[int]] | None:
+        """The batch's positions grouped by the types of the fields the steps read, or None: one group
+        (every read field of one type), or more than :data:`MAX_TYPE_GROUPS`."""
+        mixed = [values for key, values in zip(self.input_keys, by_field, strict=True)
+                 if key in self._tested and len(set(map(type, values))) > 1]
+        if not mixed:
+            return None
+        groups: dict[tuple[type, ...], list[int]] = {}
+        for i, signature in enumerate(zip(*(map(type, values) for values in mixed))):
+            group = groups.get(signature)
+            if group is None:
+                if len(groups) == MAX_TYPE_GROUPS:
+                    return None
+                group = groups[signature] = []
+            group.append(i)
+        return list(groups.values())
+
+    def _apply(self, by_field: list[Sequence[Any]], fields: Any, rejected: set[int],
+               n: int) -> tuple[list[Sequence[Any]], dict[str, list[int]]]:
+        """:meth:`apply` on a batch (or group) evaluated whole."""
         ctx = _Ctx(n, fields)
         tested = self._tested
         doc = {key: Field(values, clean=key not in tested) for key, values in zip(self.input_keys, by_field, strict=True)}
@@ -703,6 +747,36 @@ class BoundTransform:
             if merged is not None:
                 out[name] = merged
         return out
+
+
+#: a batch whose read fields' types combine in more ways than this is evaluated whole (each group
+#: costs a few dozen Arrow calls)
+MAX_TYPE_GROUPS = 16
+
+
+def _taker(positions: list[int]) -> Any:
+    """``values -> the values at positions`` (a sequence, also for one position)."""
+    if len(positions) == 1:
+        only = positions[0]
+        return lambda values: (values[only],)
+    return operator.itemgetter(*positions)
+
+
+class _SubFields:
+    """A group's metadata: the batch's fields (:class:`~ingest.core.mapping.columnar.BatchFields`) at
+    the group's positions."""
+
+    __slots__ = ("_fields", "_take", "_lists")
+
+    def __init__(self, fields: Any, take: Any) -> None:
+        self._fields, self._take = fields, take
+        self._lists: dict[str, list[Any]] = {}
+
+    def __call__(self, name: str) -> list[Any]:
+        got = self._lists.get(name)
+        if got is None:
+            got = self._lists[name] = list(self._take(self._fields(name)))
+        return got
 
 
 def _renamed(ctx: _Ctx, doc: dict[str, Field], names: dict[str, str], applies: Mask
