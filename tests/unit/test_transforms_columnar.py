@@ -543,7 +543,7 @@ def test_a_clickhouse_plan_with_transforms_inserts_what_the_row_path_inserts(doc
                                  columns={"id": {"type": "UInt64"}, "cents": {"type": "Int64"},
                                           "tag": {"type": "Nullable(String)"}, "kind": {"type": "Nullable(String)"}})
     steps = [TransformStep.model_validate(s) for s in CH_STEPS]
-    mapper = TransformingMapper(Mapper(cfg.columns), compile_transforms(steps, "w"), steps)
+    mapper = TransformingMapper(Mapper(cfg.columns), compile_transforms(steps, "w"), columnar_steps=steps)
     rule = cfg.collapse_rule()
     plan = mapper.columnar_plan(rule.key_index, rule.version_index)
     assert plan is not None, mapper.columnar_refusal(rule.key_index, rule.version_index)
