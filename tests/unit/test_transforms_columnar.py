@@ -149,6 +149,9 @@ def _same(a: Any, b: Any) -> bool:
 #: records compared in the differential tests: taken by the columnar evaluation (written or filtered),
 #: or handed to the row path
 SEEN: Counter[str] = Counter()
+#: the checks of SEEN read what this module's differential tests counted: the whole module on one worker
+#: (pytest-xdist --dist loadgroup, as scripts/test.sh runs the suite)
+pytestmark = pytest.mark.xdist_group("transforms-columnar")
 
 
 def differential(steps: list[dict[str, Any]], docs: list[dict[str, Any]]) -> tuple[set[int], dict[str, list[int]]]:
