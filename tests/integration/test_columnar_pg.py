@@ -31,17 +31,28 @@ COLUMNS = {
     "exact": {"type": "numeric(40,20)", "source": "$.exact"},
     "ts": {"type": "timestamptz", "source": "$.ts"},
     "local": {"type": "timestamp", "source": "$.local"},
+    "plain": {"type": "numeric", "source": "$.plain"},
+    "ratio": {"type": "double precision", "source": "$.ratio"},
+    "flag": {"type": "boolean", "source": "$.flag"},
+    "dflt": {"type": "integer", "source": "$.dflt", "default": 7},
+    "since": {"type": "timestamptz(3)", "source": "$.since", "default": "2020-01-01T00:00:00.123456+02:00"},
 }
 
 AWKWARD = [
-    {"id": 1, "n": 0, "kind": "", "amount": 0.1, "exact": 1e19, "ts": 0, "local": 0},
+    {"id": 1, "n": 0, "kind": "", "amount": 0.1, "exact": 1e19, "ts": 0, "local": 0, "plain": 967.0,
+     "ratio": 0.1, "flag": True},
     {"id": 2, "n": -2147483648, "kind": 'quote " comma , semicolon ;', "amount": -0.0, "exact": 1e-7,
-     "ts": 2**42 - 1, "local": 2**42 - 1},
+     "ts": 2**42 - 1, "local": 2**42 - 1, "plain": -0.0, "ratio": -0.0, "flag": "F", "dflt": 1},
     {"id": 3, "n": 2147483647, "kind": "line\nbreak\r\nand tab\t", "amount": 12345.6789, "exact": 5e-324,
-     "ts": 1_764_460_800_123, "local": 1_764_460_800_123},
-    {"id": 4, "kind": "\\.", "exact": 0.30000000000000004},
-    {"id": 5, "kind": "ünïcødé ✓ 😀", "amount": 99999.99995, "exact": 123456789.125, "ts": None},
-    {"id": 6, "kind": " spaced ", "amount": 0.285, "exact": -1.5},
+     "ts": 1_764_460_800_123, "local": 1_764_460_800_123, "plain": 1e21, "ratio": 5e-324, "flag": 0},
+    {"id": 4, "kind": "\\.", "exact": 0.30000000000000004, "plain": 12, "ratio": 2**53 + 1, "flag": "TRUE",
+     "ts": "2025-11-30T10:11:12Z", "local": "2025-11-30T10:11:12.5+05:30", "since": "2025-11-30 10:11:12.123456"},
+    {"id": 5, "kind": "ünïcødé ✓ 😀", "amount": 99999.99995, "exact": 123456789.125, "plain": 1.5e-7,
+     "ratio": 1.7976931348623157e308, "ts": "1969-07-20T20:17:40.1234567-04:00", "local": "2025-11-30",
+     "since": "2025-11-30T10:11:12.0005+00:00"},
+    {"id": 6, "kind": " spaced ", "amount": 0.285, "exact": -1.5, "plain": -9223372036854775808,
+     "ratio": -12345678901234567, "ts": "2025-11-30T00:00:00.5+05:30:15.5", "local": "1700-01-01T00:00:00-23:59",
+     "since": 2**42},
 ]
 
 
@@ -91,8 +102,22 @@ def test_columnar_write_stores_what_the_row_path_stores(pg_dsn):
 
 def _stream() -> list[tuple[bytes, bytes]]:
     """Clean records with updates, poison of every kind, values only the row mapper takes."""
-    return columnar_stream(lambda i: {"id": i % 700, "n": i, "kind": f"k{i % 7}", "amount": round(i / 7, 3),
-                                      "exact": i / 3, "ts": 1_764_460_800_000 + i, "local": i * 1000})
+    stamps = ["2025-11-30T10:11:12Z", "2025-11-30T10:11:12.345+02:00", "2025-11-30 10:11:12.5"]
+
+    def doc_of(i: int) -> dict:
+        return {"id": i % 700, "n": i, "kind": f"k{i % 7}", "amount": round(i / 7, 3) if i % 5 else i,
+                "exact": i / 3, "ts": 1_764_460_800_000 + i if i % 2 else stamps[i % 3], "local": i * 1000,
+                "plain": i / 8 if i % 3 else i, "ratio": i / 9, "flag": i % 2 == 0, **({"dflt": i} if i % 4 else {}),
+                **({"since": stamps[i % 3]} if i % 6 else {})}
+
+    def special(i: int, doc: dict) -> bytes | None:
+        if i % 1000 == 17:
+            return orjson.dumps({**doc, "n": "12"})  # text for an integer column: only the row mapper takes it
+        if i % 1000 == 19:
+            return orjson.dumps({**doc, "ts": "2025-02-30T00:00:00Z"})  # no such day: poison
+        return None
+
+    return columnar_stream(doc_of, special)
 
 
 def _run(tmp_path, name, bootstrap, topic, dsn, columnar):
@@ -118,5 +143,7 @@ def test_columnar_run_writes_and_dead_letters_what_the_row_path_does(kafka_boots
     assert col_stats["dead_lettered"] == rows_stats["dead_lettered"] == len(rows_dlq)
     assert rows_stats["columnar_records"] == 0
     assert rows_stats["write_tier"] == "rows (columnar: false)" and col_stats["write_tier"] == "columnar"
-    # Batches holding an ISO timestamp go by rows; the rest are written columnar.
+    # Batches holding a value only the row mapper takes go by rows; the rest (ISO timestamps
+    # included) are written columnar.
     assert 0 < col_stats["columnar_records"] < col_stats["records_consumed"] == len(records)
+    assert col_stats["columnar_records"] >= len(records) - 3 * 500

@@ -40,6 +40,11 @@ COLUMNS = {
     "ts": {"type": "timestamptz", "source": "$.ts"},
     "local": {"type": "timestamp", "source": "$.local"},
     "part": {"type": "integer", "source": "@partition"},
+    "plain": {"type": "numeric", "source": "$.plain"},
+    "ratio": {"type": "double precision", "source": "$.ratio"},
+    "flag": {"type": "boolean", "source": "$.flag"},
+    "dflt": {"type": "integer", "source": "$.dflt", "default": 7},
+    "since": {"type": "timestamptz", "source": "$.since", "default": "2020-01-01T00:00:00+02:00"},
 }
 
 
@@ -62,10 +67,27 @@ scalars = st.one_of(
     st.text(max_size=8), st.sampled_from(["", "a\x00b", "quote\"d", "comma,", "line\nbreak", "\\.", "ünï"]),
     st.lists(st.integers(), max_size=2),
 )
+#: ISO 8601 / RFC 3339 text and near misses: zones, fractions of every length, the forms Python reads
+#: that PostgreSQL would read otherwise (or not at all), out-of-range and invalid dates
+iso_texts = st.one_of(
+    st.datetimes(min_value=datetime(1600, 1, 1), max_value=datetime(2300, 1, 1),
+                 timezones=st.one_of(st.none(), st.just(timezone.utc),
+                                     st.timedeltas(min_value=timedelta(hours=-23, minutes=-59),
+                                                   max_value=timedelta(hours=23, minutes=59)).map(timezone)))
+    .flatmap(lambda d: st.sampled_from([d.isoformat(), d.isoformat(sep=" "), d.isoformat(timespec="milliseconds"),
+                                        d.isoformat().replace("+00:00", "Z")])),
+    st.sampled_from(["2025-11-30T00:00:00Z", "2025-11-30T00:00:00", "2025-11-30 00:00:00.1234567+05:30",
+                     "2025-11-30", "20251130T101112", "2025-W48-7", "2025-11-30T24:00:00", "2025-02-30T00:00:00",
+                     "2025-11-30T00:00:00.5+05:30:15.5", "0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59-05:00",
+                     "1684-01-01T00:00:00Z", "2256-01-01T00:00:00Z", "2025-11-30T00:00:00" + "0" * 60, "yesterday",
+                     "2025-11-30X01:02:03", "2025-11-30T01:02:03,5Z"]),
+)
+words = st.sampled_from(["true", "FALSE", "t", "F", "1", "0", "yes", "tru", "1.0"])
 documents = st.fixed_dictionaries(
     {"id": st.one_of(st.integers(min_value=0, max_value=5), scalars)},
-    optional={"s": scalars, "kind": scalars, "amount": scalars, "ts": scalars, "local": scalars,
-              "extra": scalars},
+    optional={"s": scalars, "kind": scalars, "amount": scalars, "ts": scalars | iso_texts,
+              "local": scalars | iso_texts, "extra": scalars, "plain": scalars, "ratio": scalars,
+              "flag": scalars | words, "dflt": scalars, "since": scalars | iso_texts},
 )
 
 
@@ -104,11 +126,13 @@ def _row_path(records: list[Record]) -> tuple[dict, set[int]]:
 def _as_database_would(row: dict) -> tuple:
     """A staged columnar row converted as the upsert converts it."""
     converted = dict(row)
-    if row["amount"] is not None:
-        converted["amount"] = Decimal(orjson.dumps(row["amount"]).decode())
-    for name, epoch in (("ts", EPOCH_AWARE), ("local", EPOCH_NAIVE)):
+    for name in ("amount", "plain"):
+        value = row[name]
+        if value is not None:
+            converted[name] = Decimal(value if type(value) is str else orjson.dumps(value).decode())
+    for name, epoch in (("ts", EPOCH_AWARE), ("local", EPOCH_NAIVE), ("since", EPOCH_AWARE)):
         if row[name] is not None:
-            converted[name] = epoch + timedelta(milliseconds=row[name])
+            converted[name] = epoch + timedelta(microseconds=row[name])
     return tuple(converted.values())
 
 
@@ -118,11 +142,15 @@ COMPARED = {"columnar": 0, "by rows": 0}
 
 def test_the_bench_shape_has_a_plan_and_other_shapes_do_not():
     assert PLAN is not None
-    assert [c.kind for c in PLAN.columns] == ["int", "int", "text", "decimal", "epoch_ms", "epoch_ms", "int",
+    assert [c.kind for c in PLAN.columns] == ["int", "int", "text", "numeric", "timestamp", "timestamp", "int",
+                                               "numeric", "float", "bool", "int", "timestamp",
                                                "int", "int"]  # the sink's hidden source columns
+    assert [c.as_text for c in PLAN.columns if c.kind == "numeric"] == [False, True]  # plain numeric: its scale
+    assert [c.default for c in PLAN.columns][-4:-2] == [7, (datetime(2019, 12, 31, 22) - EPOCH_NAIVE) // timedelta(
+        microseconds=1)]
     for column in ({"type": "bigint", "source": "$.x.y"}, {"type": "jsonb", "source": "$.x"},
-                   {"type": "bigint", "source": "$.x", "default": 5}, {"type": "boolean", "source": "$.x"},
-                   {"type": "numeric", "source": "$.x"}):  # unconstrained: the scale of the text counts
+                   {"type": "uuid", "source": "$.x"}, {"type": "real", "source": "$.x"},
+                   {"type": "timestamptz", "source": "$.x", "default": "1500-01-01T00:00:00Z"}):
         columns = PostgresSinkSettings(dsn="postgresql://u@h/d", table="t", on_conflict="none",
                                        columns={"a": column}).columns
         assert Mapper(columns).columnar_plan(None) is None, column
@@ -396,12 +424,17 @@ def test_a_pipeline_has_the_tier_by_default_wherever_it_fits(overrides, on, warn
     ({"type": "text"}, None, None, None),
     ({"type": "numeric(12,2)"}, None, None, None),
     ({"type": "timestamptz"}, None, None, None),
-    ({"type": "numeric"}, None, None, "column 'a' is numeric without (precision, scale)"),
-    ({"type": "boolean"}, None, None, "column 'a' is boolean: the tier stages integer, text"),
+    ({"type": "numeric"}, None, None, None),
+    ({"type": "boolean"}, None, None, None),
+    ({"type": "double precision"}, None, None, None),
+    ({"type": "timestamp"}, None, None, None),
+    ({"type": "bigint", "default": 5}, None, None, None),
+    ({"type": "timestamptz", "default": "2025-11-30T00:00:00Z"}, None, None, None),
     ({"type": "jsonb"}, None, None, "column 'a' is jsonb"),
-    ({"type": "double precision"}, None, None, "column 'a' is double precision"),
+    ({"type": "real"}, None, None, "column 'a' is real: the tier stages integer, text, numeric, timestamp"),
+    ({"type": "timestamptz", "default": "1500-01-01T00:00:00Z"}, None, None,
+     "column 'a' has a default the tier cannot stage"),
     ({"type": "bigint", "source": "$.x.y"}, None, None, "column 'a' reads '$.x.y' (the tier reads one top-level key"),
-    ({"type": "bigint", "default": 5}, None, None, "column 'a' has a default"),
     ({"type": "text", "source": "@key"}, None, None, "column 'a' reads '@key', which the tier does not stage"),
     ({"type": "timestamptz"}, "a", None, "the version column 'a' is timestamptz, not an integer column"),
     ({"type": "text"}, None, "$.x.y", "the pipeline key '$.x.y' is not one top-level key"),
@@ -474,3 +507,58 @@ def test_a_sink_that_cannot_write_the_plan_by_columns_says_why(sink, extra, reas
     assert tier is None
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and reason in warnings[0], warnings
+
+
+#: The pipeline of issue #38 as a new user writes it: five columns, a timestamptz from ISO 8601 text,
+#: an unconstrained numeric, required key columns, a pipeline key, one lane.
+ORDERS = {
+    "order_id": {"type": "bigint", "required": True},
+    "customer": {"type": "text", "required": True},
+    "amount": {"type": "numeric"},
+    "status": {"type": "text"},
+    "created_at": {"type": "timestamptz"},
+}
+
+
+def _orders_pipeline(columns=ORDERS, **overrides) -> PipelineSettings:
+    return PipelineSettings.model_validate({
+        "name": "orders", "topics": ["orders"], "key": "$.order_id", **overrides,
+        "sink": {"kind": "postgres", "dsn": "postgresql://u@h/d", "table": "orders", "conflict_key": ["order_id"],
+                 "columns": columns}})
+
+
+def _order(i: int) -> dict:
+    stamps = ["2025-11-30T10:11:12Z", "2025-11-30T10:11:12.345+02:00", "2025-11-30 10:11:12.5",
+              "2025-11-30T10:11:12.123456-05:30", 1_764_497_472_000]
+    return {"order_id": i % 4, "customer": f"c{i}", "amount": [12, 12.5, 967.0, 0.1, -3][i % 5],
+            "status": "paid", "created_at": stamps[i % 5]}
+
+
+@pytest.mark.parametrize("amount", ["numeric", "numeric(12,2)", "double precision"])
+def test_the_issue_38_orders_pipeline_has_the_tier_and_takes_iso_timestamps_whole(amount):
+    """Issue #38: this pipeline wrote ``columnar_records: 0`` (an unconstrained numeric had no plan; an
+    ISO timestamp, an integer amount sent every record of a batch to the row mapper, which took it,
+    so every batch went by rows). Now it states the columnar tier and a batch of them is taken whole,
+    its rows the row path's once the database converted them."""
+    p = _orders_pipeline({**ORDERS, "amount": {"type": amount}})
+    said: list[str] = []
+    tier = columnar_tier(p, _ColumnarSink(), columnar_capable=True, exactly_once=False,
+                         mapper=lambda: Mapper(p.sink.columns, p.key), said=said.append)
+    assert said == ["columnar"] and tier is not None
+    rule = p.collapse_rule()
+    mapper = Mapper(p.sink.columns, p.key)
+    records = [Record("orders", 0, i, b"k", orjson.dumps(_order(i)), 0) for i in range(10)]
+    built = mapper.columnar_plan(rule.key_index, rule.version_index).build(records)
+    assert built is not None and built.rejected == []
+    items = [Item(r, mapper.map(r)[0], None, 0, 1) for r in records]
+    _, groups = collapse(items, rule)
+    expected = {g[0].row[0]: g[0].row for g in groups}
+    got = {}
+    for row in built.table.to_pylist():
+        if amount.startswith("numeric"):
+            row["amount"] = Decimal(row["amount"] if type(row["amount"]) is str else orjson.dumps(row["amount"]).decode())
+        row["created_at"] = EPOCH_AWARE + timedelta(microseconds=row["created_at"])
+        got[row["order_id"]] = tuple(row.values())
+    assert got == expected
+    if amount == "numeric":  # the text keeps the row mapper's scale: 967.0 stays "967.0", -3 "-3"
+        assert sorted(built.table.column("amount").to_pylist()) == sorted(["12.5", "967.0", "0.1", "-3"])

@@ -46,12 +46,16 @@ import itertools
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import msgspec
+import orjson
 
 from ingest.core.dialects import ChType
 from ingest.core.mapping.coerce_ch import CH_DT64_MAX_MS
+from ingest.core.mapping.common import _EPOCH_AWARE, _EPOCH_NAIVE, _FALSE, _MAX_DATETIME_TEXT, _TRUE
 from ingest.core.mapping.fastmap import (
     EXACT_FROMTIMESTAMP_MS,
     STREAM_ID_MAX,
@@ -63,10 +67,12 @@ from ingest.core.mapping.fastmap import (
 from ingest.core.routing import stream_id
 from ingest.types import Record
 
-#: The kinds of column the tier stages, by the row mapper's inline check (``FastColumn.inline``):
-#: ``int`` (an int8 stage column), ``text``, ``decimal`` (text: the float's shortest digits) and
-#: ``epoch_ms`` (int8 milliseconds; the upsert adds them to the epoch).
-KINDS = ("int", "text", "decimal", "epoch_ms")
+#: The kinds of column the tier stages: ``int`` (an int8 stage column), ``text``, and for ClickHouse
+#: ``decimal`` (a float whose digits need no rounding) and ``epoch_ms`` (int64 milliseconds); for
+#: PostgreSQL ``numeric`` (a JSON number as the shortest digits of its value, as text), ``timestamp``
+#: (epoch milliseconds or ISO 8601 text, as int8 microseconds since the epoch: the upsert adds them
+#: to it), ``float`` (``double precision``) and ``bool`` (see :func:`pg_staged`).
+KINDS = ("int", "text", "decimal", "epoch_ms", "numeric", "timestamp", "float", "bool")
 
 #: Metadata sources the tier reads off the records (a republished record declines the batch): the
 #: record's attribute, and the Python type of its values (or None).
@@ -87,8 +93,16 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 DECODE_PIECE = 64
 
 #: The Python types a column of each kind may hold, null (a missing value) included.
-_STAGED_TYPES = {kind: frozenset({t, type(None)})
-                 for kind, t in (("int", int), ("text", str), ("decimal", float), ("epoch_ms", int))}
+_STAGED_TYPES = {kind: frozenset({*ts, type(None)})
+                 for kind, ts in (("int", (int,)), ("text", (str,)), ("decimal", (float,)), ("epoch_ms", (int,)),
+                                  ("numeric", (int, float)), ("timestamp", (int, str)), ("float", (int, float)),
+                                  ("bool", (bool, int, str)))}
+
+#: The microseconds since the epoch a PostgreSQL ``timestamp`` column stages: ``|us| < 2**53`` (1685 to
+#: 2255), where the upsert's ``us * interval '1 microsecond'`` is exact (a double multiplies); beyond it,
+#: the row mapper.
+PG_US_MIN, PG_US_MAX = -(2**53) + 1, 2**53 - 1
+_US = timedelta(microseconds=1)
 
 #: The kinds whose values the decoder can check itself (:data:`~ingest.core.mapping.fastmap.TYPED_FIELDS`:
 #: exactly the Python types of :data:`_STAGED_TYPES`).
@@ -100,8 +114,8 @@ class StagedColumn:
     """One sink column as the tier stages it, and the checks its values must pass (the rest go to the
     row mapper).
 
-    ``kind``: one of :data:`KINDS`. ``lo``/``hi``: the accepted range of an ``int`` or ``epoch_ms``
-    column. ``aware``: an ``epoch_ms`` column is ``timestamptz`` (PostgreSQL). ``forbid_nul``: a
+    ``kind``: one of :data:`KINDS`. ``lo``/``hi``: the accepted range of an ``int``, ``epoch_ms`` or
+    ``timestamp`` column. ``aware``: a ``timestamp`` column is ``timestamptz`` (PostgreSQL). ``forbid_nul``: a
     ``text`` value may not hold NUL (PostgreSQL text cannot; ClickHouse strings can). ``scale`` and
     ``max_abs``: a ``decimal`` column whose sink does not round (ClickHouse): only floats whose
     shortest digits have at most ``scale`` decimals and whose magnitude is below ``max_abs`` -- the
@@ -116,24 +130,61 @@ class StagedColumn:
     forbid_nul: bool = True
     scale: int | None = None
     max_abs: float | None = None
+    as_text: bool = False
+    default: Any = None
+
+
+#: PostgreSQL base types the tier stages, by kind (integers come from the row mapper's inline check).
+_PG_KINDS = {"text": "text", "varchar": "text", "numeric": "numeric", "timestamptz": "timestamp",
+             "timestamp": "timestamp", "double precision": "float", "boolean": "bool"}
 
 
 def pg_staged(name: str, col: FastColumn, full_type: str) -> StagedColumn | None:
     """How the tier stages a PostgreSQL column (``full_type``: the mapper's normalised type), or None
-    when it cannot (then no plan is made)."""
-    kind = ColumnarPlan.supports(col)
-    if kind is None or (kind == "decimal" and "(" not in full_type):
-        # an unconstrained numeric keeps the digits' own scale: Arrow writes 967.0 as "967"
+    when it cannot (then no plan is made): integer, ``text``/``varchar``, ``numeric`` (with or without
+    precision and scale), ``timestamptz``/``timestamp``, ``double precision`` and ``boolean`` columns
+    reading one top-level key or record metadata, with or without a default."""
+    base = full_type.split("(", 1)[0]
+    inline = col.inline[0] if col.inline else None
+    kind = "int" if inline == "int" else _PG_KINDS.get(base)
+    if kind is None or not _readable(col, kind):
         return None
     lo = hi = None
     if kind == "int":
         _, lo, hi = col.inline  # type: ignore[misc]
-    elif kind == "epoch_ms":
-        # Only the range where the database's millisecond arithmetic is exact in a double (and
-        # ``fromtimestamp`` agrees): beyond it, the row mapper.
-        lo, hi = max(col.inline[2], 0), min(col.inline[3], EXACT_FROMTIMESTAMP_MS - 1)  # type: ignore[index]
-    return StagedColumn(name, kind, aware=full_type.startswith("timestamptz"), lo=lo, hi=hi,
-                        forbid_nul=bool(col.inline[1]) if kind == "text" else True)  # type: ignore[index]
+    elif kind == "timestamp":
+        lo, hi = PG_US_MIN, PG_US_MAX
+    default = None if col.default is None else _staged_default(kind, col.default)
+    if col.default is not None and (default is None or (lo is not None and not lo <= default <= hi)):
+        return None
+    return StagedColumn(name, kind, aware=base == "timestamptz", lo=lo, hi=hi,
+                        forbid_nul=bool(col.inline[1]) if kind == "text" else True,  # type: ignore[index]
+                        as_text=kind == "numeric" and ("(" not in full_type or default is not None),
+                        default=default)
+
+
+def _readable(col: FastColumn, kind: str) -> bool:
+    """Whether the tier reads a column's values: a top-level key, or metadata it lists off the records
+    (``@stream`` only into an integer column of the signed 64-bit range)."""
+    if col.doc_key is not None:
+        return True
+    if col.metadata == "@stream":
+        return kind == "int" and col.inline[1] <= STREAM_ID_MIN and col.inline[2] >= STREAM_ID_MAX  # type: ignore[index]
+    return col.metadata in _METADATA
+
+
+def _staged_default(kind: str, default: Any) -> Any:
+    """A column's coerced default (the row mapper's) as the tier stages it, or None when it cannot."""
+    if kind == "timestamp":
+        if type(default) is not datetime:
+            return None
+        epoch = _EPOCH_AWARE if default.tzinfo is not None else _EPOCH_NAIVE
+        return (default - epoch) // _US
+    if kind == "numeric":
+        return str(default) if type(default) is Decimal and default.is_finite() else None
+    if kind in ("int", "text", "float", "bool") and type(default) in _STAGED_TYPES[kind]:
+        return default
+    return None
 
 
 def ch_staged(name: str, col: FastColumn, t: ChType) -> StagedColumn | None:
@@ -277,18 +328,30 @@ class ColumnarPlan:
         # the documents transposed: one sequence per field, in C (a tuple per document, then zip)
         by_field: list[Sequence[Any]] = list(zip(*map(_astuple, docs)))
         arrays = []
-        values_of: list[Sequence[Any]] = []  # each column's values as Python objects (the collapse's keys)
+        # each key column's values as Python objects equal where the row mapper's values are (the
+        # collapse's keys); None for the other columns
+        values_of: list[Sequence[Any] | None] = []
         bad = None
-        for reader, staged, required, typed in self._readers:
+        for i, (reader, staged, required, typed) in enumerate(self._readers):
             kind = staged.kind
             column = reader(by_field, fields)
-            if not typed and not set(map(type, column)) <= _STAGED_TYPES[kind]:
-                # some value needs the row mapper's coercion
-                column, mask = _without_wrong_types(column, _STAGED_TYPES[kind])
-                mask = pa.array(mask)
-                bad = mask if bad is None else pc.or_(bad, mask)
-            array = pa.array(column, type=_ARROW_TYPE[kind](pa))
+            types = None
+            if not typed:
+                types = set(map(type, column))
+                if not types <= _STAGED_TYPES[kind]:
+                    # some value needs the row mapper's coercion
+                    column, mask = _without_wrong_types(column, _STAGED_TYPES[kind])
+                    mask = pa.array(mask)
+                    bad = mask if bad is None else pc.or_(bad, mask)
+                    types &= _STAGED_TYPES[kind]
             checks = []
+            convert = _CONVERTERS.get(kind)
+            if convert is None:
+                array = pa.array(column, type=_ARROW_TYPE[kind](pa))
+            else:
+                array, unfit = convert(pa, pc, column, staged, set(map(type, column)) if types is None else types)
+                if unfit is not None:
+                    checks.append(unfit)
             if required and array.null_count:
                 checks.append(pc.is_null(array))
             if staged.lo is not None:
@@ -302,8 +365,18 @@ class ColumnarPlan:
             for check in checks:
                 check = pc.fill_null(check, False)
                 bad = check if bad is None else pc.or_(bad, check)
+            filled = staged.default is not None and not required and array.null_count
+            if filled:
+                array = pc.fill_null(array, staged.default)
+            if self._key_index is None or i not in self._key_index:
+                values_of.append(None)
+            elif kind == "numeric" and pa.types.is_string(array.type):
+                values_of.append([None if v is None else Decimal(v) for v in array.to_pylist()])
+            elif kind in ("int", "text", "decimal", "epoch_ms") and not filled:
+                values_of.append(column)
+            else:  # values the conversion made equal (ISO forms of one instant, 1 and 1.0 ...)
+                values_of.append(array.to_pylist())
             arrays.append(array)
-            values_of.append(column)
         if bad is not None and pc.any(bad).as_py():
             rejected.update(pc.indices_nonzero(bad).to_pylist())
         table = pa.Table.from_arrays(arrays, names=self._names)
@@ -349,7 +422,8 @@ class ColumnarPlan:
             docs.append(self._empty)
             rejected.add(start)
 
-    def _survivors(self, table: Any, values_of: list[Sequence[Any]], n: int, rejected: set[int]) -> list[int] | None:
+    def _survivors(self, table: Any, values_of: list[Sequence[Any] | None], n: int,
+                   rejected: set[int]) -> list[int] | None:
         """Row positions to keep: the accepted records, the winner of each key (None: every row) --
         the last record, or with a version column the highest version, ties to the last (as
         :func:`ingest.core.collapse.collapse` orders a group). ``values_of``: each column of ``table``
@@ -364,7 +438,7 @@ class ColumnarPlan:
             order = self._pc.sort_indices(table.column(self._version_index)).to_pylist()
         if rejected:
             order = list(itertools.filterfalse(rejected.__contains__, range(n) if order is None else order))
-        key_columns = [values_of[i] for i in self._key_index]
+        key_columns: list[Sequence[Any]] = [values_of[i] for i in self._key_index]  # type: ignore[misc]
         if order is not None:
             key_columns = [list(map(column.__getitem__, order)) for column in key_columns]
         keys = key_columns[0] if len(key_columns) == 1 else list(zip(*key_columns, strict=True))
@@ -450,4 +524,127 @@ _ARROW_TYPE: dict[str, Callable[[Any], Any]] = {
     "text": lambda pa: pa.string(),
     "decimal": lambda pa: pa.float64(),
     "epoch_ms": lambda pa: pa.int64(),
+}
+
+
+# --------------------------------------------------------------------------- PostgreSQL conversions
+# Each takes a column's values (of the kind's staged Python types, or None) and returns the Arrow
+# array the sink stages and the mask of the values the row mapper must decide (or None): for the
+# values it keeps, the stage converted by the upsert holds exactly what the row mapper's coercer
+# (coerce_pg) returns for them.
+
+def _number_text(v: Any) -> bytes | None:
+    """A JSON number's text as ``float_decimal`` reads it (orjson's shortest digits of a float, an
+    int's digits): ``b"null"`` for a float that is not finite (orjson writes those so)."""
+    if v is None:
+        return None
+    try:
+        return orjson.dumps(v)
+    except TypeError:  # an integer beyond 64 bits (the decoder refuses those): the row mapper's
+        return b"null"
+
+
+def _numeric_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColumn, types: set[type]) -> tuple[Any, Any]:
+    """``numeric``: floats (and ints) as ``_numeric`` reads them -- a float's shortest digits, an int's
+    digits -- cast by the upsert to the column's type. Floats alone, into a ``numeric(p,s)`` column,
+    go as a float64 array (Arrow's CSV writer writes the same shortest digits, and the scale is the
+    column's); otherwise as that text."""
+    if not staged.as_text and int not in types:
+        array = pa.array(column, type=pa.float64())
+        return array, pc.invert(pc.is_finite(array))
+    texts = list(map(_number_text, column))
+    unfit = None
+    if b"null" in texts:
+        mask = [t == b"null" for t in texts]
+        texts = [None if m else t for t, m in zip(texts, mask, strict=True)]
+        unfit = pa.array(mask)
+    return pa.array(texts, type=pa.string()), unfit
+
+
+def _iso(v: str) -> datetime | None:
+    """``v`` parsed as ``_timestamptz`` / ``_timestamp`` parse text, or None where they refuse it."""
+    if len(v) > _MAX_DATETIME_TEXT:
+        return None
+    try:
+        return datetime.fromisoformat(v)
+    except ValueError:
+        return None
+
+
+#: Epoch milliseconds beyond this magnitude are out of the staged range (clipped to it before the
+#: multiplication, so the range check rejects them without an overflow).
+_MS_CLIP = PG_US_MAX // 1000 + 1
+
+
+def _timestamp_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColumn,
+                     types: set[type]) -> tuple[Any, Any]:
+    """``timestamptz`` / ``timestamp``: microseconds since the epoch of the instant the row mapper's
+    datetime stands for -- epoch milliseconds times 1000, ISO 8601 text parsed by the very
+    ``datetime.fromisoformat`` it calls (text without a zone is UTC, a zone's offset is subtracted to
+    the microsecond). The range check (``lo``/``hi``) rejects what lies beyond :data:`PG_US_MAX`."""
+    if str not in types:
+        ms = pa.array(column, type=pa.int64())
+        return pc.multiply(pc.max_element_wise(pc.min_element_wise(ms, _MS_CLIP, skip_nulls=False), -_MS_CLIP,
+                                                  skip_nulls=False), 1000), None
+    n = len(column)
+    at = [i for i, t in enumerate(map(type, column)) if t is str]
+    parsed = list(map(_iso, map(column.__getitem__, at)))
+    walls = [d if d is None or d.tzinfo is None else d.replace(tzinfo=None) for d in parsed]
+    offsets = [None if d is None else d.utcoffset() for d in parsed]
+    us = pc.subtract(pa.array(walls, type=pa.timestamp("us")).cast(pa.int64()),
+                     pc.fill_null(pa.array(offsets, type=pa.duration("us")).cast(pa.int64()), 0)).to_pylist()
+    out: list[Any] = list(column) if int in types else [None] * n
+    if int in types:
+        for i, v in enumerate(out):
+            if type(v) is int:
+                out[i] = max(min(v, _MS_CLIP), -_MS_CLIP) * 1000
+    for i, u in zip(at, us, strict=True):
+        out[i] = u
+    unfit = None
+    if None in parsed:
+        mask = [False] * n
+        for i, d in zip(at, parsed, strict=True):
+            mask[i] = d is None
+        unfit = pa.array(mask)
+    return pa.array(out, type=pa.int64()), unfit
+
+
+def _float_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColumn, types: set[type]) -> tuple[Any, Any]:
+    """``double precision``: floats as they are, ints as ``float(v)`` (``_float_coercer``)."""
+    if int in types:
+        column = [float(v) if type(v) is int else v for v in column]
+    array = pa.array(column, type=pa.float64())
+    return array, pc.invert(pc.is_finite(array))
+
+
+_NOT_BOOL = object()
+
+
+def _bool_of(v: Any) -> Any:
+    """``_boolean``'s value for ``v`` (a bool, an int, a str, or None), or :data:`_NOT_BOOL`."""
+    t = type(v)
+    if v is None or t is bool:
+        return v
+    if t is int:
+        return True if v == 1 else False if v == 0 else _NOT_BOOL
+    low = v.lower()
+    return True if low in _TRUE else False if low in _FALSE else _NOT_BOOL
+
+
+def _bool_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColumn, types: set[type]) -> tuple[Any, Any]:
+    """``boolean``: bools, 0 / 1, and the words ``_boolean`` takes (``true``, ``f``, ``1`` ..., any case)."""
+    if types <= {bool, type(None)}:
+        return pa.array(column, type=pa.bool_()), None
+    values = list(map(_bool_of, column))
+    mask = [v is _NOT_BOOL for v in values]
+    if not any(mask):
+        return pa.array(values, type=pa.bool_()), None
+    return pa.array([None if m else v for v, m in zip(values, mask, strict=True)], type=pa.bool_()), pa.array(mask)
+
+
+_CONVERTERS: dict[str, Callable[[Any, Any, Sequence[Any], StagedColumn, set[type]], tuple[Any, Any]]] = {
+    "numeric": _numeric_array,
+    "timestamp": _timestamp_array,
+    "float": _float_array,
+    "bool": _bool_array,
 }

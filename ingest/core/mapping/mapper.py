@@ -54,6 +54,7 @@ parsed exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -300,15 +301,18 @@ class Mapper:
             if staged is not None:
                 kinds.append(staged.kind)
                 continue
-            if col.default is not None:
-                return f"column {name!r} has a default (the row mapper fills defaults)"
+            if col.doc_key is None and col.metadata is None:
+                return f"column {name!r} reads {self._sources[name]!r}, which the tier does not stage"
+            if dialect == "clickhouse":
+                if col.default is not None:
+                    return f"column {name!r} has a default (the row mapper fills defaults)"
+                return f"column {name!r} is {full}: the tier stages integer, String, Decimal and DateTime64 columns"
+            if col.default is not None and pg_staged(name, dataclasses.replace(col, default=None), full) is not None:
+                return f"column {name!r} has a default the tier cannot stage ({col.default!r})"
             if col.doc_key is None:
                 return f"column {name!r} reads {self._sources[name]!r}, which the tier does not stage"
-            kind = col.inline[0] if col.inline else None
-            if kind == "decimal" and dialect != "clickhouse":
-                return (f"column {name!r} is {full} without (precision, scale): each value keeps its own scale, "
-                        "which Arrow does not")
-            return f"column {name!r} is {full}: the tier stages integer, text, numeric(p, s) and timestamp columns"
+            return (f"column {name!r} is {full}: the tier stages integer, text, numeric, timestamp, double "
+                    "precision and boolean columns")
         if version_index is not None and kinds[version_index] != "int":
             name, full = self.column_names[version_index], self.column_types[version_index]
             return f"the version column {name!r} is {full}, not an integer column"
