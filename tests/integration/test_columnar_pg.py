@@ -108,13 +108,16 @@ def _stream() -> list[tuple[bytes, bytes]]:
         return {"id": i % 700, "n": i, "kind": f"k{i % 7}", "amount": round(i / 7, 3) if i % 5 else i,
                 "exact": i / 3, "ts": 1_764_460_800_000 + i if i % 2 else stamps[i % 3], "local": i * 1000,
                 "plain": i / 8 if i % 3 else i, "ratio": i / 9, "flag": i % 2 == 0, **({"dflt": i} if i % 4 else {}),
-                **({"since": stamps[i % 3]} if i % 6 else {})}
+                **({"since": stamps[i % 3]} if i % 6 else {}),
+                **({"note": {"by": f"u{i}", "tags": [i, None]}} if i % 4 == 0 else {})}  # no column reads it
 
     def special(i: int, doc: dict) -> bytes | None:
-        if i % 1000 == 17:
+        if i == 17:
             return orjson.dumps({**doc, "n": "12"})  # text for an integer column: only the row mapper takes it
         if i % 1000 == 19:
             return orjson.dumps({**doc, "ts": "2025-02-30T00:00:00Z"})  # no such day: poison
+        if i == 1023:
+            return orjson.dumps(doc)[:-1] + b', "zz": 1e400}'  # beyond a double, in a key no column reads: poison
         return None
 
     return columnar_stream(doc_of, special)
@@ -146,4 +149,4 @@ def test_columnar_run_writes_and_dead_letters_what_the_row_path_does(kafka_boots
     # Batches holding a value only the row mapper takes go by rows; the rest (ISO timestamps
     # included) are written columnar.
     assert 0 < col_stats["columnar_records"] < col_stats["records_consumed"] == len(records)
-    assert col_stats["columnar_records"] >= len(records) - 3 * 500
+    assert col_stats["columnar_records"] >= len(records) // 2, col_stats

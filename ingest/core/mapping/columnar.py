@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -253,6 +254,8 @@ class ColumnarPlan:
                 staged_as.setdefault(col.doc_key, set()).add(_DECODED_AS.get(staged.kind))
         decoded_as = [next(iter(staged_as[key])) if len(staged_as.get(key, ())) == 1 else None for key in keys]
         self._decode_lines = typed_lines_decoder(keys, decoded_as)
+        #: the same, skipping keys no column reads: for batches :func:`_skippable` clears
+        self._decode_skipping = typed_lines_decoder(keys, decoded_as, forbid_unknown=False)
         self._empty = self._decode_lines(b"{}")[0]  # the document of a refused value (all fields missing)
         self._stream = memoised_stream_id(stream_id)
         #: per column: (how to read its values from (the documents' fields, each a sequence over the
@@ -324,7 +327,8 @@ class ColumnarPlan:
             return None  # a value holds a newline: lines would not be records
         docs: list[Any] = []
         rejected: set[int] = set()
-        self._decode(values, 0, docs, rejected, joined)
+        self._decode(values, 0, docs, rejected, joined,
+                     self._decode_skipping if _skippable(joined) else self._decode_lines)
         # the documents transposed: one sequence per field, in C (a tuple per document, then zip)
         by_field: list[Sequence[Any]] = list(zip(*map(_astuple, docs)))
         arrays = []
@@ -388,14 +392,15 @@ class ColumnarPlan:
         return ColumnarBatch(table, sorted(rejected))
 
     def _decode(self, values: list[bytes], start: int, docs: list[Any], rejected: set[int],
-                joined: bytes | None = None) -> None:
+                joined: bytes | None = None, decode: Callable[[bytes], list[Any]] | None = None) -> None:
         """Append the documents of ``values`` (the batch's from position ``start``; ``joined``: them
         joined by newlines, when the caller has it) to ``docs``, and the positions the decoder refused
         to ``rejected``, an empty document standing in for each. ``values`` hold no newline
         (:meth:`build`). One C call decodes them all when it can; else they are decoded
         :data:`DECODE_PIECE` at a time, a failing piece in halves, down to single values, so a few
         poison records cost a few small decodes, not one call per value of the batch."""
-        decode = self._decode_lines
+        if decode is None:
+            decode = self._decode_lines
         n = len(values)
         if n > 1:
             if joined is None:
@@ -411,7 +416,7 @@ class ColumnarPlan:
                 return
             step = DECODE_PIECE if n > DECODE_PIECE else (n + 1) // 2
             for i in range(0, n, step):
-                self._decode(values[i:i + step], start + i, docs, rejected)
+                self._decode(values[i:i + step], start + i, docs, rejected, None, decode)
             return
         try:
             one = decode(values[0])
@@ -469,6 +474,26 @@ def _needs_rounding(pc: Any, array: Any, scale: int, max_abs: float | None) -> A
     plain = pc.match_substring_regex(pc.cast(array, "string"), f"^-?[0-9]+(\\.[0-9]{{1,{scale}}})?$")
     small = pc.less(pc.abs(array), max_abs) if max_abs is not None else plain
     return pc.invert(pc.and_(plain, small))
+
+
+#: A JSON number token that may lie beyond a double's range (which orjson refuses): twenty or more
+#: digits before the point, or an exponent of 100 or more. A number token always follows ``[``, ``,``,
+#: ``:`` or whitespace, so none escapes the pattern; text inside strings may match too (then the batch
+#: is only decoded the strict way).
+_BIG_NUMBER = re.compile(rb"(?<=[\[,:\s])-?(?:[0-9]{20}|[0-9]+(?:\.[0-9]*)?[eE]\+?0*[1-9][0-9]{2})")
+
+
+def _skippable(joined: bytes) -> bool:
+    """Whether keys no column reads may be skipped in this batch (``typed_lines_decoder(...,
+    forbid_unknown=False)``): its bytes are UTF-8 and it holds no number that may be beyond a double's
+    range -- the two things orjson checks that msgspec does not check in what it skips. A batch that
+    is not is decoded with unknown keys refused (their records go to the row mapper)."""
+    if not joined.isascii():
+        try:
+            joined.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+    return _BIG_NUMBER.search(joined) is None
 
 
 def _framed(joined: bytes, n: int) -> bool:
