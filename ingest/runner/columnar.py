@@ -20,10 +20,12 @@ The tier turns itself off for good when more than ``MAX_DECLINED_SHARE`` of the 
 ``REVIEW_RECORDS`` records it was offered had to go by rows (a stream it does not fit: fields no
 column reads, nested values...); it is logged at ``info``.
 
-:func:`columnar_tier` decides whether a pipeline can have the tier at all (at least once, one
-lane, JSON, a sink that declares the ``columnar`` capability and takes the plan's columns, the last
-or highest-version record of a key wins); a pipeline that can has it unless its configuration says
-``columnar: false``.
+:func:`columnar_tier` decides whether a pipeline can have the tier at all (at least once, JSON, a
+sink that declares the ``columnar`` capability and takes the plan's columns, the last or
+highest-version record of a key wins, and with more than one lane keys the plan can route by:
+:meth:`ColumnarPlan.lane_keys <ingest.core.mapping.columnar.ColumnarPlan.lane_keys>` gives the accept
+loop what the row path routes each record by, without mapping it); a pipeline that can has it
+unless its configuration says ``columnar: false``.
 """
 
 from __future__ import annotations
@@ -107,6 +109,11 @@ class ColumnarTier:
         self._review(len(items), built is None)
         return ColumnarPlanned(payload, built.table.num_rows, poison) if built is not None else None
 
+    def lane_keys(self, records: Sequence[Record]) -> list[Any]:
+        """What each record is routed to a lane by, as the row path routes it, or ``UNROUTED`` where
+        only the row mapper can say (:meth:`ColumnarPlan.lane_keys`)."""
+        return self._plan.lane_keys(records)
+
     def map_item(self, item: Item) -> Item:
         """``item`` mapped by the row mapper: with its row, or with its failure (poison)."""
         try:
@@ -180,8 +187,6 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
         why = f"sink kind {p.sink.kind!r} has no columnar write"
     elif exactly_once:
         why = "exactly-once delivery writes by rows"
-    elif p.lanes != 1:
-        why = "it needs lanes: 1 (lanes route by the mapped row's key)"
     elif p.format != "json" or p.envelope != "none":
         why = "it reads plain JSON values only"
     elif p.has_deletes:
@@ -199,6 +204,8 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
     if plan is None:
         return row_mapper.columnar_refusal(rule.key_index, rule.version_index) or "its columns cannot be staged", \
             None, None
+    if p.lanes != 1 and plan.route_refusal is not None:
+        return f"lanes: {p.lanes} route by the mapped row's key: {plan.route_refusal}", None, None
     try:
         sink.use_columnar(plan.columns)
     except ValueError as exc:  # the sink cannot write these columns (or this table) by columns

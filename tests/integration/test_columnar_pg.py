@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import orjson
 import psycopg
+import pytest
 from harness.kafka import produce
 from pipeline_helpers import columnar_stream, run_pipeline_on_off
 
@@ -123,21 +124,24 @@ def _stream() -> list[tuple[bytes, bytes]]:
     return columnar_stream(doc_of, special)
 
 
-def _run(tmp_path, name, bootstrap, topic, dsn, columnar):
+def _run(tmp_path, name, bootstrap, topic, dsn, columnar, lanes=1):
     stats, dlq = run_pipeline_on_off(tmp_path, bootstrap, topic, dsn, {
-        "name": name,
+        "name": name, "lanes": lanes,
         "sink": {"kind": "postgres", "dsn": dsn, "table": name, "conflict_key": ["id"], "columns": COLUMNS},
         "dlq": {"kind": "postgres", "table": f"{name}_dlq"},
     }, columnar)
     return stats, _stored(dsn, name), dlq
 
 
-def test_columnar_run_writes_and_dead_letters_what_the_row_path_does(kafka_bootstrap, pg_dsn, new_topic, tmp_path):
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_columnar_run_writes_and_dead_letters_what_the_row_path_does(kafka_bootstrap, pg_dsn, new_topic, tmp_path,
+                                                                     lanes):
+    """With two lanes too: the accept loop routes each record by the plan's lane keys (the row path's)."""
     topic = new_topic(3)
     records = _stream()
     assert produce(kafka_bootstrap, topic, records) == len(records)
-    rows_stats, rows, rows_dlq = _run(tmp_path, "rows", kafka_bootstrap, topic, pg_dsn, False)
-    col_stats, cols, col_dlq = _run(tmp_path, "cols", kafka_bootstrap, topic, pg_dsn, None)  # the default: on
+    rows_stats, rows, rows_dlq = _run(tmp_path, "rows", kafka_bootstrap, topic, pg_dsn, False, lanes)
+    col_stats, cols, col_dlq = _run(tmp_path, "cols", kafka_bootstrap, topic, pg_dsn, None, lanes)  # the default: on
     assert len(rows) == 700
     differ = [(a, b) for a, b in zip(cols, rows, strict=True) if a[:-2] != b[:-2]]
     assert not differ, differ[:3]  # the source columns name each run's own stream

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from ingest.config import RetrySettings
 from ingest.core.collapse import collapse
 from ingest.core.mapping import Mapper
-from ingest.core.mapping.columnar import DECODE_PIECE, _framed, _skippable
+from ingest.core.mapping.columnar import DECODE_PIECE, UNROUTED, _framed, _skippable
+from ingest.core.routing import key_bytes
 from ingest.errors import InvalidRecord, PermanentError, TransientError
 from ingest.config import PipelineSettings
 from ingest.runner.columnar import ColumnarTier, columnar_tier
@@ -145,6 +146,8 @@ def _as_database_would(row: dict) -> tuple:
 
 #: how many batches of the differential test were compared whole, or left to the row path
 COMPARED = {"columnar": 0, "by rows": 0}
+#: how many records the plan routed (not left to the row mapper) in the differential test
+ROUTED = [0]
 
 
 def test_the_bench_shape_has_a_plan_and_other_shapes_do_not():
@@ -174,6 +177,12 @@ def test_the_bench_shape_has_a_plan_and_other_shapes_do_not():
 def test_the_plan_writes_what_the_row_path_writes(raw):
     records = _records(raw, mixed=len(raw) % 2 == 0)
     expected, poison = _row_path(records)
+    # lanes > 1: every record the plan routes goes by the key the row path routes it by (but for
+    # poison, which touches no row: the row path routes it by its Kafka key)
+    for record, key in zip(records, PLAN.lane_keys(records), strict=True):
+        if key is not UNROUTED and record.offset not in poison:
+            assert key == key_bytes(MAPPER.map(record)[0][0]), record
+            ROUTED[0] += 1
     built = PLAN.build(records)
     assert built is not None  # no tombstone, no newline: the plan never declines the whole batch
     rejected = set(built.rejected)
@@ -192,6 +201,7 @@ def test_the_plan_writes_what_the_row_path_writes(raw):
 def test_the_differential_test_compared_columnar_batches():
     """Runs after it (file order, the same worker): the comparison must not have been skipped every time."""
     assert COMPARED["columnar"] >= 20, COMPARED
+    assert ROUTED[0] >= 40, ROUTED
 
 
 def test_a_batch_of_clean_records_is_taken_whole_and_collapsed_to_the_last_of_each_key():
@@ -395,10 +405,10 @@ class _ColumnarSink:
         raise AssertionError("not written here")
 
 
-def _pipeline(**overrides) -> PipelineSettings:
+def _pipeline(key_column: str = "event_id", **overrides) -> PipelineSettings:
     return PipelineSettings.model_validate({
         "name": "p", "topics": ["t"], **overrides,
-        "sink": {"kind": "postgres", "dsn": "postgresql://u@h/d", "table": "t", "conflict_key": ["event_id"],
+        "sink": {"kind": "postgres", "dsn": "postgresql://u@h/d", "table": "t", "conflict_key": [key_column],
                  "columns": COLUMNS},
     })
 
@@ -407,8 +417,10 @@ def _pipeline(**overrides) -> PipelineSettings:
     ({}, True, False),  # unset: on wherever it fits
     ({"columnar": True}, True, False),
     ({"columnar": False}, False, False),
-    ({"lanes": 2}, False, False),  # unset and cannot: by rows, quietly
-    ({"lanes": 2, "columnar": True}, False, True),  # asked for and cannot: says why
+    ({"lanes": 2}, True, False),  # lanes route by the plan's lane keys (issue #38)
+    ({"lanes": 2, "columnar": True}, True, False),
+    ({"lanes": 2, "key_column": "ts"}, False, False),  # unset and cannot: by rows, quietly
+    ({"lanes": 2, "key_column": "ts", "columnar": True}, False, True),  # asked for and cannot: says why
 ])
 def test_a_pipeline_has_the_tier_by_default_wherever_it_fits(overrides, on, warned, caplog):
     sink = _ColumnarSink()
@@ -418,11 +430,11 @@ def test_a_pipeline_has_the_tier_by_default_wherever_it_fits(overrides, on, warn
     assert (tier is not None) is on and (sink.staged is not None) is on
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert bool(warnings) is warned
+    why = "lanes: 2 route by the mapped row's key: the key column 'ts' is routed by its value"
     if warned:
-        assert "lanes: 1" in warnings[0].getMessage()
+        assert why in warnings[0].getMessage()
     elif not on and overrides.get("columnar") is None:
-        assert any("write tier: rows (it needs lanes: 1" in r.getMessage()
-                   for r in caplog.records if r.levelno == logging.INFO)
+        assert any(f"write tier: rows ({why}" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
     if on:
         assert any("write tier: columnar" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
 
@@ -589,3 +601,21 @@ def test_records_with_keys_no_column_reads_are_taken_whole():
     built = PLAN.build(_records(raw))
     assert built is not None and built.rejected == []
     assert [r["small"] for r in built.table.to_pylist()] == list(range(6))
+
+
+def test_lane_keys_of_a_composite_key_of_metadata_and_text_are_the_row_paths():
+    """A key of record metadata and a text value: routed as ``key_bytes`` of the row's key tuple; a
+    record whose text the row mapper would coerce (a number) or reject (NUL, missing) is left to it."""
+    columns = {"part": {"type": "integer", "source": "@partition"}, "off": {"type": "bigint", "source": "@offset"},
+               "name": {"type": "text", "source": "$.name"}}
+    cfg = PostgresSinkSettings(dsn="postgresql://u@h/d", table="t", conflict_key=["part", "name"], columns=columns)
+    mapper = Mapper(cfg.columns)
+    plan = mapper.columnar_plan(cfg.collapse_rule().key_index)
+    assert plan is not None and plan.route_refusal is None
+    records = _records([b'{"name": "a"}', b'{"name": 5}', b'{"name": "a\\u0000"}', b"{}", b'{"name": "b", "x": 1}'])
+    keys = plan.lane_keys(records)
+    assert [k is UNROUTED for k in keys] == [False, True, True, True, False]
+    for record, key in zip(records, keys, strict=True):
+        if key is not UNROUTED:
+            row, _ = mapper.map(record)
+            assert key == key_bytes((row[0], row[2]))

@@ -65,7 +65,7 @@ from ingest.core.mapping.fastmap import (
     memoised_stream_id,
     typed_lines_decoder,
 )
-from ingest.core.routing import stream_id
+from ingest.core.routing import key_bytes, stream_id
 from ingest.types import Record
 
 #: The kinds of column the tier stages: ``int`` (an int8 stage column), ``text``, and for ClickHouse
@@ -85,6 +85,9 @@ _METADATA: dict[str, tuple[str, type]] = {
 }
 
 _astuple = msgspec.structs.astuple
+
+#: :meth:`ColumnarPlan.lane_keys` of a record only the row mapper can route.
+UNROUTED = object()
 
 #: The signed 64-bit range of the tier's integer arrays (the typed decoder refuses integers beyond it).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -236,10 +239,13 @@ class ColumnarPlan:
     but the memo of stream ids, which any thread may fill."""
 
     def __init__(self, names: Sequence[str], columns: Sequence[FastColumn], kinds: Sequence[StagedColumn],
-                 keys: Sequence[str], key_index: tuple[int, ...] | None, version_index: int | None = None) -> None:
+                 keys: Sequence[str], key_index: tuple[int, ...] | None, version_index: int | None = None,
+                 record_key_orders: bool = True) -> None:
         """``key_index``: the positions of the key columns whose rows collapse (None: every row kept);
         ``version_index``: the position of the version column (an ``int`` column) whose highest value
-        wins a key, ties going to the last record (None: the last record wins)."""
+        wins a key, ties going to the last record (None: the last record wins); ``record_key_orders``:
+        the ordering key is the record's key (no ``key`` path), for :meth:`lane_keys` without key
+        columns."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -279,9 +285,88 @@ class ColumnarPlan:
             self._readers.append((reader, staged, col.required, typed))
         self._key_index = key_index
         self._version_index = version_index
+        self._init_routing(columns, kinds, key_index, record_key_orders)
         # pyarrow imports pandas (when installed) on its first array from a list: at start-up, not in
         # the first batch
         pa.array([0], type=pa.int64())
+
+    def _init_routing(self, columns: Sequence[FastColumn], kinds: Sequence[StagedColumn],
+                      key_index: tuple[int, ...] | None, record_key_orders: bool) -> None:
+        """What :meth:`lane_keys` reads: each key column's source and checks, and a decoder of the
+        document keys among them (skipping every other key); ``route_refusal`` says why it cannot."""
+        #: why :meth:`lane_keys` cannot route this plan's records (lanes > 1 then write by rows), or None
+        self.route_refusal: str | None = None
+        #: per key column: (document field position, or None for metadata; the metadata attribute;
+        #: its staged column)
+        self._route: list[tuple[int | None, str | None, StagedColumn]] = []
+        self._route_decode: Callable[[bytes], list[Any]] | None = None
+        self._route_empty: Any = None
+        if key_index is None:
+            if not record_key_orders:
+                self.route_refusal = "a table without a conflict key routes by the pipeline key, which it does not read"
+            return
+        doc_keys: list[str] = []
+        for i in key_index:
+            col, staged = columns[i], kinds[i]
+            if staged.kind not in ("int", "text") or col.default is not None:
+                self.route_refusal = (f"the key column {staged.name!r} is routed by its value as the row mapper "
+                                      "coerces it; the tier routes integer and text keys without a default")
+                return
+            if col.doc_key is not None:
+                if col.doc_key not in doc_keys:
+                    doc_keys.append(col.doc_key)
+                self._route.append((doc_keys.index(col.doc_key), None, staged))
+            elif col.metadata in _METADATA:
+                self._route.append((None, _METADATA[col.metadata][0], staged))
+            else:
+                self.route_refusal = f"the key column {staged.name!r} reads {col.metadata}, which the tier does not route by"
+                return
+        if doc_keys:
+            self._route_decode = typed_lines_decoder(doc_keys, None, forbid_unknown=False)
+            self._route_empty = self._route_decode(b"{}")[0]
+
+    def lane_keys(self, records: Sequence[Record]) -> list[Any]:
+        """Per record, what the row path routes it to a lane by -- :func:`~ingest.core.routing.key_bytes`
+        of its row's key values, or without key columns the record's key -- or :data:`UNROUTED` where
+        only the row mapper can say (a value it would coerce, a missing key, a document the decoder
+        refused, a republished record: the caller maps that record). Requires ``route_refusal is None``.
+        Pure; never raises for any record content."""
+        n = len(records)
+        fields = BatchFields(records)
+        if self._key_index is None:
+            return fields("key")
+        unsure = [False] * n
+        by_field: list[Sequence[Any]] = []
+        if self._route_decode is not None:
+            values = fields("value")
+            joined = b"\n".join(b"" if v is None else v for v in values)
+            if None in values or joined.count(b"\n") != n - 1:
+                values = [b"" if v is None or b"\n" in v else v for v in values]
+                joined = b"\n".join(values)
+            docs: list[Any] = []
+            if _skippable(joined):
+                rejected: set[int] = set()
+                self._decode(values, 0, docs, rejected, joined, self._route_decode, self._route_empty)
+                for i in rejected:
+                    unsure[i] = True
+                by_field = list(zip(*map(_astuple, docs)))
+            else:  # bytes orjson may refuse in keys the decoder would skip: the row mapper decides
+                return [UNROUTED] * n
+        if fields("origin").count(None) != n:
+            for i, origin in enumerate(fields("origin")):
+                unsure[i] = unsure[i] or origin is not None
+        columns = []
+        for j, attr, staged in self._route:
+            column = by_field[j] if j is not None else fields(attr)  # type: ignore[arg-type]
+            if staged.kind == "int":
+                lo, hi = staged.lo, staged.hi
+                ok = [type(v) is int and lo <= v <= hi for v in column]  # type: ignore[operator]
+            else:
+                ok = [type(v) is str and not (staged.forbid_nul and "\x00" in v) for v in column]
+            unsure = [u or not k for u, k in zip(unsure, ok, strict=True)]
+            columns.append(column)
+        keys = columns[0] if len(columns) == 1 else list(zip(*columns, strict=True))
+        return [UNROUTED if u else key_bytes(k) for k, u in zip(keys, unsure, strict=True)]
 
     @staticmethod
     def supports(col: FastColumn) -> str | None:
@@ -328,7 +413,7 @@ class ColumnarPlan:
         docs: list[Any] = []
         rejected: set[int] = set()
         self._decode(values, 0, docs, rejected, joined,
-                     self._decode_skipping if _skippable(joined) else self._decode_lines)
+                     self._decode_skipping if _skippable(joined) else self._decode_lines, self._empty)
         # the documents transposed: one sequence per field, in C (a tuple per document, then zip)
         by_field: list[Sequence[Any]] = list(zip(*map(_astuple, docs)))
         arrays = []
@@ -392,7 +477,8 @@ class ColumnarPlan:
         return ColumnarBatch(table, sorted(rejected))
 
     def _decode(self, values: list[bytes], start: int, docs: list[Any], rejected: set[int],
-                joined: bytes | None = None, decode: Callable[[bytes], list[Any]] | None = None) -> None:
+                joined: bytes | None = None, decode: Callable[[bytes], list[Any]] | None = None,
+                empty: Any = None) -> None:
         """Append the documents of ``values`` (the batch's from position ``start``; ``joined``: them
         joined by newlines, when the caller has it) to ``docs``, and the positions the decoder refused
         to ``rejected``, an empty document standing in for each. ``values`` hold no newline
@@ -400,7 +486,7 @@ class ColumnarPlan:
         :data:`DECODE_PIECE` at a time, a failing piece in halves, down to single values, so a few
         poison records cost a few small decodes, not one call per value of the batch."""
         if decode is None:
-            decode = self._decode_lines
+            decode, empty = self._decode_lines, self._empty
         n = len(values)
         if n > 1:
             if joined is None:
@@ -416,7 +502,7 @@ class ColumnarPlan:
                 return
             step = DECODE_PIECE if n > DECODE_PIECE else (n + 1) // 2
             for i in range(0, n, step):
-                self._decode(values[i:i + step], start + i, docs, rejected, None, decode)
+                self._decode(values[i:i + step], start + i, docs, rejected, None, decode, empty)
             return
         try:
             one = decode(values[0])
@@ -424,7 +510,7 @@ class ColumnarPlan:
                 raise ValueError("not one document")
             docs.append(one[0])
         except Exception:  # noqa: BLE001 - refused: the row mapper decides
-            docs.append(self._empty)
+            docs.append(self._empty if empty is None else empty)
             rejected.add(start)
 
     def _survivors(self, table: Any, values_of: list[Sequence[Any] | None], n: int,
@@ -483,17 +569,35 @@ def _needs_rounding(pc: Any, array: Any, scale: int, max_abs: float | None) -> A
 _BIG_NUMBER = re.compile(rb"(?<=[\[,:\s])-?(?:[0-9]{20}|[0-9]+(?:\.[0-9]*)?[eE]\+?0*[1-9][0-9]{2})")
 
 
+#: A value opening this many brackets (``[``, ``{``) is never decoded skipping keys (orjson's nesting
+#: limit is 1024 levels, and a value that deep opens at least that many).
+MAX_SKIPPED_OPEN = 1000
+
+
+def n_values(joined: bytes) -> int:
+    """How many newline-separated values ``joined`` holds."""
+    return joined.count(b"\n") + 1
+
+
 def _skippable(joined: bytes) -> bool:
     """Whether keys no column reads may be skipped in this batch (``typed_lines_decoder(...,
-    forbid_unknown=False)``): its bytes are UTF-8 and it holds no number that may be beyond a double's
-    range -- the two things orjson checks that msgspec does not check in what it skips. A batch that
-    is not is decoded with unknown keys refused (their records go to the row mapper)."""
+    forbid_unknown=False)``): its bytes are UTF-8, it holds no number that may be beyond a double's
+    range -- the two things orjson checks that msgspec does not check in what it skips -- and no
+    value nests deeper than orjson allows. A batch that is not is decoded with unknown keys refused
+    (their records go to the row mapper)."""
     if not joined.isascii():
         try:
             joined.decode("utf-8")
         except UnicodeDecodeError:
             return False
-    return _BIG_NUMBER.search(joined) is None
+    if _BIG_NUMBER.search(joined) is not None:
+        return False
+    # Nesting: orjson refuses a document deeper than 1024; msgspec's limit follows the interpreter's
+    # recursion limit, which may be higher. A value that deep opens at least that many brackets.
+    opened = joined.count(b"[") + joined.count(b"{")
+    if opened - n_values(joined) < MAX_SKIPPED_OPEN:
+        return True
+    return all(v.count(b"[") + v.count(b"{") < MAX_SKIPPED_OPEN for v in joined.split(b"\n"))
 
 
 def _framed(joined: bytes, n: int) -> bool:

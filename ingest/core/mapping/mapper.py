@@ -338,7 +338,8 @@ class Mapper:
             kinds.append(staged)
         if version_index is not None and kinds[version_index].kind != "int":
             return None
-        return ColumnarPlan(self.column_names, columns, kinds, keys, key_index, version_index)
+        return ColumnarPlan(self.column_names, columns, kinds, keys, key_index, version_index,
+                            record_key_orders=self._key_getter is None)
 
     @property
     def typed(self) -> bool:
