@@ -96,6 +96,10 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: halves): a few poison records cost a few small decodes, not one call per value of the batch.
 DECODE_PIECE = 64
 
+#: The kinds a version column may be staged as: its staged values order as the row mapper's do
+#: (integers; a timestamp's microseconds since the epoch order as its instants).
+VERSION_KINDS = ("int", "timestamp")
+
 #: The Python types a column of each kind may hold, null (a missing value) included.
 _STAGED_TYPES = {kind: frozenset({*ts, type(None)})
                  for kind, ts in (("int", (int,)), ("text", (str,)), ("decimal", (float,)), ("epoch_ms", (int,)),
@@ -242,7 +246,7 @@ class ColumnarPlan:
                  keys: Sequence[str], key_index: tuple[int, ...] | None, version_index: int | None = None,
                  record_key_orders: bool = True) -> None:
         """``key_index``: the positions of the key columns whose rows collapse (None: every row kept);
-        ``version_index``: the position of the version column (an ``int`` column) whose highest value
+        ``version_index``: the position of the version column (of :data:`VERSION_KINDS`) whose highest value
         wins a key, ties going to the last record (None: the last record wins); ``record_key_orders``:
         the ordering key is the record's key (no ``key`` path), for :meth:`lane_keys` without key
         columns."""

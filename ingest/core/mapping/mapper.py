@@ -65,7 +65,7 @@ from ingest.config.base import ColumnSpec
 from ingest.core.dialects import ch_type, pg_base_type
 from ingest.core.mapping.coerce_ch import _ch_coercer, _ch_inline
 from ingest.core.mapping.coerce_pg import _coercer_for, _pg_inline
-from ingest.core.mapping.columnar import ColumnarPlan, ch_staged, pg_staged
+from ingest.core.mapping.columnar import VERSION_KINDS, ColumnarPlan, ch_staged, pg_staged
 from ingest.core.mapping.common import (
     Coercer,
     Getter,
@@ -313,9 +313,9 @@ class Mapper:
                 return f"column {name!r} reads {self._sources[name]!r}, which the tier does not stage"
             return (f"column {name!r} is {full}: the tier stages integer, text, numeric, timestamp, double "
                     "precision and boolean columns")
-        if version_index is not None and kinds[version_index] != "int":
+        if version_index is not None and kinds[version_index] not in VERSION_KINDS:
             name, full = self.column_names[version_index], self.column_types[version_index]
-            return f"the version column {name!r} is {full}, not an integer column"
+            return f"the version column {name!r} is {full}, not an integer or timestamp column"
         return None
 
     def columnar_plan(self, key_index: tuple[int, ...] | None,
@@ -325,8 +325,8 @@ class Mapper:
         ``version_index`` value, ties to the last; None: every row kept), or None when the columnar
         tier cannot map them: not a typed JSON pipeline (see :attr:`typed`), a column of a kind it
         does not stage (:func:`~ingest.core.mapping.columnar.pg_staged`,
-        :func:`~ingest.core.mapping.columnar.ch_staged`) or with a default, a version column that is
-        not an integer column."""
+        :func:`~ingest.core.mapping.columnar.ch_staged`), a version column that is not an integer or
+        (PostgreSQL) timestamp column."""
         if self._columnar_source is None:
             return None
         columns, keys, dialect = self._columnar_source
@@ -336,7 +336,7 @@ class Mapper:
             if staged is None:
                 return None
             kinds.append(staged)
-        if version_index is not None and kinds[version_index].kind != "int":
+        if version_index is not None and kinds[version_index].kind not in VERSION_KINDS:
             return None
         return ColumnarPlan(self.column_names, columns, kinds, keys, key_index, version_index,
                             record_key_orders=self._key_getter is None)
