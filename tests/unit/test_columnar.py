@@ -158,7 +158,7 @@ def test_the_bench_shape_has_a_plan_and_other_shapes_do_not():
     assert [c.as_text for c in PLAN.columns if c.kind == "numeric"] == [False, True]  # plain numeric: its scale
     assert [c.default for c in PLAN.columns][-4:-2] == [7, (datetime(2019, 12, 31, 22) - EPOCH_NAIVE) // timedelta(
         microseconds=1)]
-    for column in ({"type": "bigint", "source": "$.x.y"}, {"type": "jsonb", "source": "$.x"},
+    for column in ({"type": "bigint", "source": "$.x[0]"}, {"type": "jsonb", "source": "$.x"},
                    {"type": "uuid", "source": "$.x"}, {"type": "real", "source": "$.x"},
                    {"type": "timestamptz", "source": "$.x", "default": "1500-01-01T00:00:00Z"}):
         columns = PostgresSinkSettings(dsn="postgresql://u@h/d", table="t", on_conflict="none",
@@ -453,11 +453,13 @@ def test_a_pipeline_has_the_tier_by_default_wherever_it_fits(overrides, on, warn
     ({"type": "real"}, None, None, "column 'a' is real: the tier stages integer, text, numeric, timestamp"),
     ({"type": "timestamptz", "default": "1500-01-01T00:00:00Z"}, None, None,
      "column 'a' has a default the tier cannot stage"),
-    ({"type": "bigint", "source": "$.x.y"}, None, None, "column 'a' reads '$.x.y' (the tier reads one top-level key"),
+    ({"type": "bigint", "source": "$.x.y"}, None, None, None),  # a path of keys (issue #38)
+    ({"type": "bigint", "source": "$.x[0]"}, None, None, "column 'a' reads '$.x[0]' (the tier reads one top-level key"),
     ({"type": "text", "source": "@key"}, None, None, "column 'a' reads '@key', which the tier does not stage"),
     ({"type": "timestamptz"}, "a", None, None),
     ({"type": "numeric(12,2)"}, "a", None, "the version column 'a' is numeric(12,2), not an integer or timestamp"),
-    ({"type": "text"}, None, "$.x.y", "the pipeline key '$.x.y' is not one top-level key"),
+    ({"type": "text"}, None, "$.x.y", None),
+    ({"type": "text"}, None, "$.x[1]", "the pipeline key '$.x[1]' is not one top-level key"),
 ])
 def test_the_tier_names_the_first_column_it_cannot_take(column, version, key, why):
     sink = {"kind": "postgres", "dsn": "postgresql://u@h/d", "table": "t", "conflict_key": ["id"],
@@ -680,3 +682,74 @@ def test_with_a_version_column_the_highest_version_of_a_key_wins_as_on_the_row_p
             row["v"] = EPOCH_AWARE + timedelta(microseconds=row["v"])
         got[row["id"]] = tuple(row.values())
     assert got == expected
+
+
+NESTED = {
+    "id": {"type": "bigint", "source": "$.id", "required": True},
+    "uid": {"type": "bigint", "source": "$.user.id"},
+    "name": {"type": "text", "source": "$.user.name"},
+    "deep": {"type": "boolean", "source": "$.a.b.c"},
+    "at": {"type": "timestamptz", "source": "$.a.b.at"},
+}
+NESTED_CFG = PostgresSinkSettings(dsn="postgresql://u@h/d", table="t", conflict_key=["id"], columns=NESTED)
+NESTED_MAPPER = Mapper(NESTED_CFG.columns, "$.meta.key")
+NESTED_PLAN = NESTED_MAPPER.columnar_plan(NESTED_CFG.collapse_rule().key_index)
+leaves = scalars | iso_texts | words
+nodes = st.recursive(leaves, lambda inner: st.lists(inner, max_size=2) | st.dictionaries(
+    st.sampled_from(["id", "name", "b", "c", "at", "x"]), inner, max_size=3), max_leaves=6)
+nested_docs = st.fixed_dictionaries(
+    {"id": st.integers(min_value=0, max_value=4)},
+    optional={"user": st.none() | nodes | st.fixed_dictionaries({}, optional={"id": leaves, "name": leaves, "x": nodes}),
+              "a": st.none() | nodes | st.fixed_dictionaries({}, optional={"b": st.none() | nodes | st.fixed_dictionaries(
+                  {}, optional={"c": leaves, "at": leaves, "x": nodes})}),
+              "meta": nodes, "other": nodes})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(nested_docs, min_size=1, max_size=15))
+@example([{"id": 1, "user": {"id": 5, "id ": 1}}])
+def test_nested_paths_take_what_the_row_path_takes(docs):
+    """Issue #38: columns reading paths of keys ($.user.id, $.a.b.c): an intermediate that is null or
+    missing gives a missing value, as the row mapper's path getter does; one that is not an object
+    (a number, a list) is refused by the decoder and left to the row mapper."""
+    assert NESTED_PLAN is not None
+    raw = [json.dumps(d).encode() for d in docs]
+    if len(raw) > 1:
+        raw[0] = raw[0].replace(b'"id": ', b'"id": 9, "id": ', 1)  # a duplicate key: the last one counts
+    records = _records(raw)
+    items, poison = [], set()
+    for rec in records:
+        try:
+            items.append(Item(rec, NESTED_MAPPER.map(rec)[0], None, 0, 1))
+        except InvalidRecord:
+            poison.add(rec.offset)
+    built = NESTED_PLAN.build(records)
+    assert built is not None
+    assert poison <= set(built.rejected)
+    if not set(built.rejected) <= poison:
+        return  # by rows
+    _, groups = collapse(items, NESTED_CFG.collapse_rule())
+    expected = {g[0].row[0]: g[0].row for g in groups}
+    got = {}
+    for row in built.table.to_pylist():
+        if row["at"] is not None:
+            row["at"] = EPOCH_AWARE + timedelta(microseconds=row["at"])
+        got[row["id"]] = tuple(row.values())
+    assert got == expected
+
+
+def test_a_clean_nested_batch_is_taken_whole():
+    docs = [{"id": i % 3, "user": {"id": i, "name": f"u{i}", "x": [1]} if i % 4 else None,
+             "a": {"b": {"c": i % 2 == 0, "at": "2025-11-30T10:11:12Z"}} if i % 3 else {"b": None},
+             "meta": {"key": i}} for i in range(12)]
+    records = _records([orjson.dumps(d) for d in docs])
+    built = NESTED_PLAN.build(records)
+    assert built is not None and built.rejected == []
+    items = [Item(r, NESTED_MAPPER.map(r)[0], None, 0, 1) for r in records]
+    _, groups = collapse(items, NESTED_CFG.collapse_rule())
+    expected = {g[0].row[0]: g[0].row for g in groups}
+    got = {}
+    for row in built.table.to_pylist():
+        row["at"] = None if row["at"] is None else EPOCH_AWARE + timedelta(microseconds=row["at"])
+        got[row["id"]] = tuple(row.values())
+    assert got == expected and len(got) == 3

@@ -184,7 +184,7 @@ class Mapper:
 
     __slots__ = ("column_names", "column_types", "_plan", "_needs_json", "_needs_object", "_key_getter", "_fast",
                  "_fast_doc", "_untyped", "_decoder", "_describe", "fast_misses", "_typed_misses", "_typed_offered",
-                 "_typed_reviewed_misses", "_columnar_source", "_columnar_why", "_sources")
+                 "_typed_reviewed_misses", "_columnar_source", "_columnar_why", "_sources", "_columnar_nested")
 
     def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None, *,
                  dialect: str | None = None, decoder: Decoder | None = None,
@@ -258,6 +258,9 @@ class Mapper:
         self._columnar_source: tuple[list[FastColumn], list[str], str] | None = None
         #: why there is no columnar source (the first reason), for :meth:`columnar_refusal`
         self._columnar_why: str | None = None
+        #: document paths of more than one key the columnar plan decodes: by column position, and the
+        #: pipeline key's (position -1)
+        self._columnar_nested: dict[int, tuple[str, ...]] = {}
         self._sources = sources
         if keys is not None and loads is orjson.loads:  # JSON values, every $ source one key: the typed tier
             dialects = {dialect or getattr(spec, "dialect", "postgres") for spec in columns.values()}
@@ -272,8 +275,37 @@ class Mapper:
             self._columnar_why = "its values are not JSON documents"
         else:
             self._columnar_why = self._untyped_reason(fast_columns, key_path, key_doc_key, key_typed)
+            nested = self._nested_paths(fast_columns, parsed, key_path)
+            dialects = {dialect or getattr(spec, "dialect", "postgres") for spec in columns.values()}
+            if nested is not None and len(dialects) == 1:
+                self._columnar_source = (fast_columns, nested[0], dialects.pop())
+                self._columnar_nested = nested[1]
+                self._columnar_why = None
         self._fast_doc = compile_fast_map(fast_columns, needs_json=True, needs_object=self._needs_object,
                                           key_getter=self._key_getter, render_key=_render_key, given_doc=True)
+
+    def _nested_paths(self, fast_columns: Sequence[FastColumn], parsed: Mapping[str, Any], key_path: str | None
+                      ) -> tuple[list[str], dict[int, tuple[str, ...]]] | None:
+        """For the columnar plan of a JSON pipeline whose ``$`` sources are paths of keys (``$.user.id``;
+        no array index, none a prefix of another): the top-level keys it decodes and the longer paths
+        by column position (the pipeline key's at -1); None when some source is not such a path."""
+        paths: dict[int, tuple[str, ...]] = {}
+        for i, col in enumerate(fast_columns):
+            if col.reads_doc:
+                paths[i] = tuple(str(step) for _, step in parsed[self._sources[self.column_names[i]]])
+                if not all(is_key for is_key, _ in parsed[self._sources[self.column_names[i]]]):
+                    return None
+        if key_path is not None and key_path.startswith("$"):
+            if not all(is_key for is_key, _ in parsed[key_path]):
+                return None
+            paths[-1] = tuple(str(step) for _, step in parsed[key_path])
+        if not paths or any(not p or any(unnameable_key(k) for k in p) for p in paths.values()):
+            return None
+        distinct = set(paths.values())
+        if any(a != b and b[:len(a)] == a for a in distinct for b in distinct):
+            return None  # one path reads a value, another reads into it
+        keys = list(dict.fromkeys(p[0] for p in paths.values()))
+        return keys, {i: p for i, p in paths.items() if len(p) > 1}
 
     def _untyped_reason(self, fast_columns: Sequence[FastColumn], key_path: str | None, key_doc_key: str | None,
                         key_typed: bool) -> str:
@@ -301,9 +333,11 @@ class Mapper:
             if staged is not None:
                 kinds.append(staged.kind)
                 continue
-            if col.doc_key is None and col.metadata is None:
+            if not col.reads_doc and col.metadata is None:
                 return f"column {name!r} reads {self._sources[name]!r}, which the tier does not stage"
             if dialect == "clickhouse":
+                if col.doc_key is None and col.metadata is None:
+                    return f"column {name!r} reads {self._sources[name]!r}, which the tier does not stage"
                 if col.default is not None:
                     return f"column {name!r} has a default (the row mapper fills defaults)"
                 return f"column {name!r} is {full}: the tier stages integer, String, Decimal and DateTime64 columns"
@@ -339,7 +373,7 @@ class Mapper:
         if version_index is not None and kinds[version_index].kind not in VERSION_KINDS:
             return None
         return ColumnarPlan(self.column_names, columns, kinds, keys, key_index, version_index,
-                            record_key_orders=self._key_getter is None)
+                            record_key_orders=self._key_getter is None, nested=self._columnar_nested)
 
     @property
     def typed(self) -> bool:
