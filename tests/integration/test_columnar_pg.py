@@ -38,13 +38,14 @@ COLUMNS = {
     "dflt": {"type": "integer", "source": "$.dflt", "default": 7},
     "since": {"type": "timestamptz(3)", "source": "$.since", "default": "2020-01-01T00:00:00.123456+02:00"},
     "who": {"type": "text", "source": "$.by.name"},
+    "doc": {"type": "jsonb", "source": "$.doc"},
 }
 
 AWKWARD = [
     {"id": 1, "n": 0, "kind": "", "amount": 0.1, "exact": 1e19, "ts": 0, "local": 0, "plain": 967.0,
-     "ratio": 0.1, "flag": True, "by": {"name": "nested"}},
+     "ratio": 0.1, "flag": True, "by": {"name": "nested"}, "doc": {"b": [1, 2.50, None, "é"], "a": {"a": {}}}},
     {"id": 2, "n": -2147483648, "kind": 'quote " comma , semicolon ;', "amount": -0.0, "exact": 1e-7,
-     "ts": 2**42 - 1, "local": 2**42 - 1, "plain": -0.0, "ratio": -0.0, "flag": "F", "dflt": 1},
+     "ts": 2**42 - 1, "local": 2**42 - 1, "plain": -0.0, "ratio": -0.0, "flag": "F", "dflt": 1, "doc": "text"},
     {"id": 3, "n": 2147483647, "kind": "line\nbreak\r\nand tab\t", "amount": 12345.6789, "exact": 5e-324,
      "ts": 1_764_460_800_123, "local": 1_764_460_800_123, "plain": 1e21, "ratio": 5e-324, "flag": 0},
     {"id": 4, "kind": "\\.", "exact": 0.30000000000000004, "plain": 12, "ratio": 2**53 + 1, "flag": "TRUE",
@@ -112,7 +113,7 @@ def _stream() -> list[tuple[bytes, bytes]]:
                 "plain": i / 8 if i % 3 else i, "ratio": i / 9, "flag": i % 2 == 0, **({"dflt": i} if i % 4 else {}),
                 **({"since": stamps[i % 3]} if i % 6 else {}),
                 **({"note": {"by": f"u{i}", "tags": [i, None]}} if i % 4 == 0 else {}),  # no column reads it
-                "by": {"name": f"u{i % 13}"} if i % 5 else None}
+                "by": {"name": f"u{i % 13}"} if i % 5 else None, "doc": [i, {"k": i / 4}] if i % 3 else None}
 
     def special(i: int, doc: dict) -> bytes | None:
         if i == 17:

@@ -46,6 +46,7 @@ COLUMNS = {
     "flag": {"type": "boolean", "source": "$.flag"},
     "dflt": {"type": "integer", "source": "$.dflt", "default": 7},
     "since": {"type": "timestamptz", "source": "$.since", "default": "2020-01-01T00:00:00+02:00"},
+    "blob": {"type": "jsonb", "source": "$.blob"},
 }
 
 
@@ -84,12 +85,14 @@ iso_texts = st.one_of(
                      "2025-11-30X01:02:03", "2025-11-30T01:02:03,5Z"]),
 )
 words = st.sampled_from(["true", "FALSE", "t", "F", "1", "0", "yes", "tru", "1.0"])
+json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+    st.text(max_size=2), inner, max_size=3), max_leaves=8)
 documents = st.fixed_dictionaries(
     {"id": st.one_of(st.integers(min_value=0, max_value=5), scalars)},
     optional={"s": scalars, "kind": scalars, "amount": scalars, "ts": scalars | iso_texts,
               "local": scalars | iso_texts, "extra": scalars | st.dictionaries(st.text(max_size=3), scalars, max_size=2),
               "plain": scalars, "ratio": scalars,
-              "flag": scalars | words, "dflt": scalars, "since": scalars | iso_texts},
+              "flag": scalars | words, "dflt": scalars, "since": scalars | iso_texts, "blob": json_values},
 )
 
 
@@ -153,12 +156,12 @@ ROUTED = [0]
 def test_the_bench_shape_has_a_plan_and_other_shapes_do_not():
     assert PLAN is not None
     assert [c.kind for c in PLAN.columns] == ["int", "int", "text", "numeric", "timestamp", "timestamp", "int",
-                                               "numeric", "float", "bool", "int", "timestamp",
+                                               "numeric", "float", "bool", "int", "timestamp", "json",
                                                "int", "int"]  # the sink's hidden source columns
     assert [c.as_text for c in PLAN.columns if c.kind == "numeric"] == [False, True]  # plain numeric: its scale
-    assert [c.default for c in PLAN.columns][-4:-2] == [7, (datetime(2019, 12, 31, 22) - EPOCH_NAIVE) // timedelta(
+    assert [c.default for c in PLAN.columns][-5:-3] == [7, (datetime(2019, 12, 31, 22) - EPOCH_NAIVE) // timedelta(
         microseconds=1)]
-    for column in ({"type": "bigint", "source": "$.x[0]"}, {"type": "jsonb", "source": "$.x"},
+    for column in ({"type": "bigint", "source": "$.x[0]"}, {"type": "date", "source": "$.x"},
                    {"type": "uuid", "source": "$.x"}, {"type": "real", "source": "$.x"},
                    {"type": "timestamptz", "source": "$.x", "default": "1500-01-01T00:00:00Z"}):
         columns = PostgresSinkSettings(dsn="postgresql://u@h/d", table="t", on_conflict="none",
@@ -449,7 +452,9 @@ def test_a_pipeline_has_the_tier_by_default_wherever_it_fits(overrides, on, warn
     ({"type": "timestamp"}, None, None, None),
     ({"type": "bigint", "default": 5}, None, None, None),
     ({"type": "timestamptz", "default": "2025-11-30T00:00:00Z"}, None, None, None),
-    ({"type": "jsonb"}, None, None, "column 'a' is jsonb"),
+    ({"type": "jsonb"}, None, None, None),
+    ({"type": "json", "default": "[1]"}, None, None, None),
+    ({"type": "uuid"}, None, None, "column 'a' is uuid"),
     ({"type": "real"}, None, None, "column 'a' is real: the tier stages integer, text, numeric, timestamp"),
     ({"type": "timestamptz", "default": "1500-01-01T00:00:00Z"}, None, None,
      "column 'a' has a default the tier cannot stage"),

@@ -46,7 +46,7 @@ import itertools
 import operator
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Union
@@ -74,8 +74,9 @@ from ingest.types import Record
 #: ``decimal`` (a float whose digits need no rounding) and ``epoch_ms`` (int64 milliseconds); for
 #: PostgreSQL ``numeric`` (a JSON number as the shortest digits of its value, as text), ``timestamp``
 #: (epoch milliseconds or ISO 8601 text, as int8 microseconds since the epoch: the upsert adds them
-#: to it), ``float`` (``double precision``) and ``bool`` (see :func:`pg_staged`).
-KINDS = ("int", "text", "decimal", "epoch_ms", "numeric", "timestamp", "float", "bool")
+#: to it), ``float`` (``double precision``), ``bool`` and ``json`` (``json`` / ``jsonb``: the row
+#: mapper's JSON text of the value; see :func:`pg_staged`).
+KINDS = ("int", "text", "decimal", "epoch_ms", "numeric", "timestamp", "float", "bool", "json")
 
 #: Metadata sources the tier reads off the records (a republished record declines the batch): the
 #: record's attribute, and the Python type of its values (or None).
@@ -106,7 +107,7 @@ VERSION_KINDS = ("int", "timestamp")
 _STAGED_TYPES = {kind: frozenset({*ts, type(None)})
                  for kind, ts in (("int", (int,)), ("text", (str,)), ("decimal", (float,)), ("epoch_ms", (int,)),
                                   ("numeric", (int, float)), ("timestamp", (int, str)), ("float", (int, float)),
-                                  ("bool", (bool, int, str)))}
+                                  ("bool", (bool, int, str)), ("json", (msgspec.Raw, str, int, float, bool)))}
 
 #: The microseconds since the epoch a PostgreSQL ``timestamp`` column stages: ``|us| < 2**53`` (1685 to
 #: 2255), where the upsert's ``us * interval '1 microsecond'`` is exact (a double multiplies); beyond it,
@@ -116,7 +117,7 @@ _US = timedelta(microseconds=1)
 
 #: The kinds whose values the decoder can check itself (:data:`~ingest.core.mapping.fastmap.TYPED_FIELDS`:
 #: exactly the Python types of :data:`_STAGED_TYPES`).
-_DECODED_AS = {"int": "int", "epoch_ms": "int", "text": "str"}
+_DECODED_AS = {"int": "int", "epoch_ms": "int", "text": "str", "json": "raw"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,11 +143,13 @@ class StagedColumn:
     max_abs: float | None = None
     as_text: bool = False
     default: Any = None
+    #: a ``json`` column's coercer (the row mapper's own: the staged text is what it returns)
+    coerce: Any = field(default=None, compare=False)
 
 
 #: PostgreSQL base types the tier stages, by kind (integers come from the row mapper's inline check).
 _PG_KINDS = {"text": "text", "varchar": "text", "numeric": "numeric", "timestamptz": "timestamp",
-             "timestamp": "timestamp", "double precision": "float", "boolean": "bool"}
+             "timestamp": "timestamp", "double precision": "float", "boolean": "bool", "json": "json", "jsonb": "json"}
 
 
 def pg_staged(name: str, col: FastColumn, full_type: str) -> StagedColumn | None:
@@ -170,7 +173,7 @@ def pg_staged(name: str, col: FastColumn, full_type: str) -> StagedColumn | None
     return StagedColumn(name, kind, aware=base == "timestamptz", lo=lo, hi=hi,
                         forbid_nul=bool(col.inline[1]) if kind == "text" else True,  # type: ignore[index]
                         as_text=kind == "numeric" and ("(" not in full_type or default is not None),
-                        default=default)
+                        default=default, coerce=col.coerce if kind == "json" else None)
 
 
 def _readable(col: FastColumn, kind: str) -> bool:
@@ -192,7 +195,7 @@ def _staged_default(kind: str, default: Any) -> Any:
         return (default - epoch) // _US
     if kind == "numeric":
         return str(default) if type(default) is Decimal and default.is_finite() else None
-    if kind in ("int", "text", "float", "bool") and type(default) in _STAGED_TYPES[kind]:
+    if kind in ("int", "text", "float", "bool", "json") and type(default) in _STAGED_TYPES[kind]:
         return default
     return None
 
@@ -886,9 +889,38 @@ def _bool_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColumn, t
     return pa.array([None if m else v for v, m in zip(values, mask, strict=True)], type=pa.bool_()), pa.array(mask)
 
 
+def _json_text(coerce: Callable[[Any], str], v: Any) -> Any:
+    """A ``json`` column's staged text for ``v`` (a decoded scalar, or a value's raw JSON bytes parsed by
+    orjson as the row mapper's decode parses them): ``coerce(value)``; None for a JSON null (a missing
+    value); :data:`_NOT_BOOL` where the row mapper must decide."""
+    try:
+        if type(v) is msgspec.Raw:
+            raw = bytes(v)
+            if raw.count(b"[") + raw.count(b"{") >= MAX_SKIPPED_OPEN:
+                return _NOT_BOOL  # nesting near orjson's limit, which counts the document's own level too
+            v = orjson.loads(raw)
+            if v is None:
+                return None
+        return coerce(v)
+    except Exception:  # noqa: BLE001 - orjson refuses it, or the coercer does: the row mapper decides
+        return _NOT_BOOL
+
+
+def _json_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColumn, types: set[type]) -> tuple[Any, Any]:
+    """``json`` / ``jsonb``: the row mapper's coercer (compact JSON text, no NUL) of each value, the
+    upsert casting the text as the row path's stage does."""
+    coerce = staged.coerce
+    texts = [None if v is None else _json_text(coerce, v) for v in column]
+    mask = [t is _NOT_BOOL for t in texts]
+    if not any(mask):
+        return pa.array(texts, type=pa.string()), None
+    return pa.array([None if m else t for t, m in zip(texts, mask, strict=True)], type=pa.string()), pa.array(mask)
+
+
 _CONVERTERS: dict[str, Callable[[Any, Any, Sequence[Any], StagedColumn, set[type]], tuple[Any, Any]]] = {
     "numeric": _numeric_array,
     "timestamp": _timestamp_array,
     "float": _float_array,
     "bool": _bool_array,
+    "json": _json_array,
 }

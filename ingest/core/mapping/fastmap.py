@@ -266,6 +266,9 @@ def typed_document(keys: Sequence[str]) -> Callable[[bytes], Any]:
 TYPED_FIELDS: dict[str, Any] = {
     "int": Union[Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)], None],  # noqa: UP007
     "str": Union[str, None],  # noqa: UP007
+    # any JSON value, as its bytes (null as ``b"null"``): a json / jsonb column of the columnar tier,
+    # which parses them with orjson itself
+    "raw": msgspec.Raw,
 }
 
 

@@ -20,6 +20,8 @@ The stage holds each column as the columnar tier stages it, and the ``SELECT`` c
 - ``timestamp``: ``int8`` microseconds since the epoch (from epoch milliseconds or ISO 8601 text),
   added to the epoch as an interval (exact for the range the tier accepts, ``|us| < 2**53``; an
   interval of microseconds only adds them, whatever the session's time zone);
+- ``json``: the row mapper's JSON text, cast to the column's ``json`` / ``jsonb`` type as the row
+  path's stage does;
 - ``float``: ``float8`` (Arrow writes the shortest digits that round-trip, which ``float8in`` reads
   back bit for bit); ``bool``: ``boolean``, assigned.
 
@@ -41,7 +43,7 @@ from ingest.sinks.postgres.settings import PostgresSinkSettings
 from ingest.sinks.postgres.statements import UpsertStatements, stage_name, table_ident
 
 _STAGE_TYPE = {"int": "int8", "text": "text", "numeric": "text", "timestamp": "int8", "float": "float8",
-               "bool": "boolean"}
+               "bool": "boolean", "json": "text"}
 
 
 class ColumnarStatements:
@@ -64,7 +66,7 @@ class ColumnarStatements:
         selects = []
         for c in columns:
             full = pg_base_type(cfg.columns[c.name].type)[1]
-            if c.kind == "numeric":
+            if c.kind in ("numeric", "json"):
                 selects.append(sql.SQL("{}::{}").format(ident(c.name), sql.SQL(full)))
             elif c.kind == "timestamp":
                 epoch = sql.SQL("'epoch'::timestamptz" if c.aware else "'epoch'::timestamp")
