@@ -594,7 +594,8 @@ def test_the_issue_38_orders_pipeline_has_the_tier_and_takes_iso_timestamps_whol
        st.sampled_from([b":", b": ", b":[", b":[1,", b":\t"]))
 def test_a_batch_with_a_number_orjson_refuses_is_never_decoded_skipping_unknown_keys(number, before):
     """The one number check msgspec skips in keys no column reads (a double's range) is the screen's."""
-    value = b'{"zz"' + before + number.encode() + (b"]" if b"[" in before else b"") + b"}"
+    value = (b'{"h": "9e123-1e456", "zz"' + before + number.encode() + (b"]" if b"[" in before else b"")
+             + b', "t": "x 1e999"}')  # text shaped like numbers before and after it
     try:
         orjson.loads(value)
     except orjson.JSONDecodeError:
@@ -758,3 +759,11 @@ def test_a_clean_nested_batch_is_taken_whole():
         row["at"] = None if row["at"] is None else EPOCH_AWARE + timedelta(microseconds=row["at"])
         got[row["id"]] = tuple(row.values())
     assert got == expected and len(got) == 3
+
+
+def test_text_shaped_like_big_numbers_does_not_stop_skipping_keys():
+    """Hex and words holding ``e`` and digits inside strings are not number tokens (a token follows
+    ``[``, ``,``, ``:`` or whitespace): such a batch still skips keys no column reads."""
+    assert _skippable(b'{"id": 1, "s": "4a1b-9e123-0e456", "u": "Chrome/131.0.0.0", "v": 1e99}\n{"id": 2, "w": "a1e300"}')
+    assert not _skippable(b'{"id": 1, "s": "x"}\n{"id": 2, "w": [1, -1.5E+300]}')
+    assert not _skippable(b'{"id": 1, "w": ' + b"1" * 70 + b'}')
