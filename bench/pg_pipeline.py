@@ -19,8 +19,8 @@ same records:
                           empty topic (start-up, group join, idle wait)
 
 (e) runs with 1 and 4 lanes in one process, and with ``--processes 2`` and 1 or 2 lanes each, all
-with the default settings (a one-lane pipeline of this stream has the columnar tier, more lanes
-map by rows), and once more as ``lanes=1, rows`` (``columnar: false``: the row path beside it).
+with the default settings (a pipeline of this stream has the columnar tier with any number of lanes,
+issue #38), and once more as ``lanes=1, rows`` (``columnar: false``: the row path beside it).
 Two more streams run end to end in the first configuration (1 process, the first of ``--lanes``),
 each right after its clean run in every round: (p) the same records with 0.1 % poison
 (``common.poison_event``; the run must dead-letter exactly those) and (w) a wide stream

@@ -144,6 +144,8 @@ class TransformingMapper:
         """Why :meth:`columnar_plan` makes no plan -- the first step the tier does not evaluate, naming it
         (``transforms[1] (1-set): set.label: ...``), or the columns' reason -- or None when it makes one."""
         _, why = self._columnar_transform()
+        if why is None:
+            why = self._mapper.nested_refusal()
         return why if why is not None else self._mapper.columnar_refusal(key_index, version_index)
 
     def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:

@@ -15,11 +15,13 @@ import logging
 import operator
 import random
 from collections.abc import Callable
+from typing import Any
 
 from ingest.cdc.mapper import ChangeMapper
 from ingest.config import PipelineSettings
 from ingest.core.hotkeys import LaneLoad
 from ingest.core.mapping import Mapper
+from ingest.core.mapping.columnar import UNROUTED
 from ingest.core.offsets import OffsetTracker
 from ingest.core.routing import LaneRouter, key_bytes
 from ingest.errors import Filtered, InvalidRecord, NoChange
@@ -47,9 +49,13 @@ class Acceptor:
 
     def __init__(self, settings: PipelineSettings, mapper: Mapper | ChangeMapper, *,
                  tracker: OffsetTracker[Partition], batching: LaneBatchers, load: LaneLoad, stats: PipelineStats,
-                 metrics: PipelineMetrics, deterministic: bool, defer_mapping: bool = False) -> None:
+                 metrics: PipelineMetrics, deterministic: bool, defer_mapping: bool = False,
+                 lane_keys: Callable[[list[Record]], list[Any]] | None = None) -> None:
         """``defer_mapping``: records are mapped per batch when the batch is handed to its lane (the
-        columnar tier, ingest.runner.columnar; one lane): items leave here with neither row nor failure."""
+        columnar tier, ingest.runner.columnar): items leave here with neither row nor failure.
+        ``lane_keys``: with it and more than one lane, what each record of a chunk is routed by, as
+        :meth:`accept` would route it once mapped, or ``UNROUTED`` (then the record is mapped here to
+        route it: :meth:`ColumnarPlan.lane_keys <ingest.core.mapping.columnar.ColumnarPlan.lane_keys>`)."""
         self._settings = settings
         self._mapper = mapper
         self._router = LaneRouter(settings.lanes, settings.unkeyed)
@@ -63,6 +69,8 @@ class Acceptor:
         self._metrics = metrics
         self._deterministic = deterministic
         self._defer_mapping = defer_mapping
+        self._lane_keys = lane_keys
+        assert not defer_mapping or len(batching) == 1 or lane_keys is not None, "deferred mapping routes by lane_keys"
         #: hot-key sketch fed with every HOT_KEY_SAMPLE-th record (unbiased shares, bounded cost)
         self._rng = random.Random()
         self._sample_countdown = HOT_KEY_SAMPLE
@@ -188,10 +196,10 @@ class Acceptor:
                 self._metrics.filtered(step, n)
 
     def _accept_deferred(self, records: list[Record], now_ms: int) -> None:
-        """:meth:`accept` when records are mapped per batch later (``defer_mapping``; one lane): the
-        same tracking, items, skipped tombstones, statistics and hot-key samples (by the record's key:
-        there is no row yet), a run of one partition at a time, with the per-record work done by C
-        calls over the run where it can be."""
+        """:meth:`accept` when records are mapped per batch later (``defer_mapping``): the same
+        tracking, items, skipped tombstones, statistics, lanes (:meth:`_route`) and hot-key samples
+        (with one lane by the record's key: there is no row yet), a run of one partition at a time,
+        with the per-record work done by C calls over the run where it can be."""
         tracker = self._tracker
         skip_tombstones = self._settings.effective_tombstones == "skip"
         self._stats.records_consumed += len(records)
@@ -220,24 +228,63 @@ class Acceptor:
             items += map(Item, run, itertools.repeat(None), itertools.repeat(None), itertools.repeat(epoch),
                          run_sizes)
             sizes += run_sizes
-        self._sample_keys(items)
+        n_lanes = len(self._batching)
+        keys = lanes = None
+        if n_lanes > 1 and items:
+            keys, lanes = self._route(items)
+        self._sample_keys(items, keys, lanes)
         self._settle(skipped)
         self._mapper.review_typed(len(records))
         self.count_misses()
-        if items:
-            self._stats.records_mapped += len(items)
+        if not items:
+            return
+        self._stats.records_mapped += len(items)
+        if lanes is None:
             self._batching.buffer(0, items, sizes, now_ms)
+            return
+        lane_items: list[list[Item]] = [[] for _ in range(n_lanes)]
+        lane_sizes: list[list[int]] = [[] for _ in range(n_lanes)]
+        for item, size, lane in zip(items, sizes, lanes, strict=True):
+            lane_items[lane].append(item)
+            lane_sizes[lane].append(size)
+        for lane, of_lane in enumerate(lane_items):
+            if of_lane:
+                self._batching.buffer(lane, of_lane, lane_sizes[lane], now_ms)
 
-    def _sample_keys(self, items: list[Item]) -> None:
+    def _route(self, items: list[Item]) -> tuple[list[bytes | None], list[int]]:
+        """Each unmapped item's routing key and lane, exactly as :meth:`accept` routes it once mapped:
+        the key from ``lane_keys``, or for a record it leaves ``UNROUTED``, from the row mapper's row
+        (the record's key for poison)."""
+        assert self._lane_keys is not None
+        keys = self._lane_keys([item.record for item in items])
+        if UNROUTED in keys:  # identity first: no key compares equal to the sentinel
+            row_key = self._row_key
+            map_record = self._mapper.map
+            for i, key in enumerate(keys):
+                if key is UNROUTED:
+                    record = items[i].record
+                    try:
+                        row, key = map_record(record)
+                        if row_key is not None:
+                            key = key_bytes(row_key(row))
+                    except (InvalidRecord, NoChange):
+                        key = record.key
+                    keys[i] = key
+        lane_of = self._router.lane
+        return keys, list(map(lane_of, keys))
+
+    def _sample_keys(self, items: list[Item], keys: list[bytes | None] | None = None,
+                     lanes: list[int] | None = None) -> None:
         """Feed every HOT_KEY_SAMPLE-th item (on average; random gaps, as :meth:`accept` does) of a chunk
-        bound for lane 0 to the hot-key sketch, by the record's key."""
+        to the hot-key sketch: by its routing key and lane (``keys``, ``lanes``), or bound for lane 0 by
+        the record's key."""
         spread_unkeyed = self._settings.unkeyed == "round_robin"
         pos = self._sample_countdown - 1  # the next sample's position in ``items``
         while pos < len(items):
             item = items[pos]
-            key = item.record.key
+            key = item.record.key if keys is None else keys[pos]
             if key is not None or not spread_unkeyed:
-                self._load.observe(0, key, item.size_bytes)
+                self._load.observe(0 if lanes is None else lanes[pos], key, item.size_bytes)
             pos += self._rng.randint(1, 2 * HOT_KEY_SAMPLE - 1)
         self._sample_countdown = pos - len(items) + 1
 

@@ -20,12 +20,14 @@ The tier turns itself off for good when more than ``MAX_DECLINED_SHARE`` of the 
 ``REVIEW_RECORDS`` records it was offered had to go by rows (a stream it does not fit: fields no
 column reads, nested values...); it is logged at ``info``.
 
-:func:`columnar_tier` decides whether a pipeline can have the tier at all (at least once, one
-lane, JSON, a sink that declares the ``columnar`` capability and takes the plan's columns, the last
-or highest-version record of a key wins, transforms -- if any -- that the tier evaluates:
-:mod:`ingest.core.transforms.columnar`); a pipeline that can has it unless its configuration says
-``columnar: false``. Records a transform's filter drops have no row and are counted per filter
-(:attr:`ColumnarPlanned.filtered`), whether the plan or the row mapper dropped them.
+:func:`columnar_tier` decides whether a pipeline can have the tier at all (at least once, JSON, a
+sink that declares the ``columnar`` capability and takes the plan's columns, the last or
+highest-version record of a key wins, with more than one lane keys the plan can route by:
+:meth:`ColumnarPlan.lane_keys <ingest.core.mapping.columnar.ColumnarPlan.lane_keys>` gives the accept
+loop what the row path routes each record by, without mapping it; transforms -- if any -- that the
+tier evaluates: :mod:`ingest.core.transforms.columnar`); a pipeline that can has it unless its
+configuration says ``columnar: false``. Records a transform's filter drops have no row and are counted
+per filter (:attr:`ColumnarPlanned.filtered`), whether the plan or the row mapper dropped them.
 """
 
 from __future__ import annotations
@@ -137,6 +139,11 @@ class ColumnarTier:
                 filtered[exc.step] += 1
         return mapped, filtered
 
+    def lane_keys(self, records: Sequence[Record]) -> list[Any]:
+        """What each record is routed to a lane by, as the row path routes it, or ``UNROUTED`` where
+        only the row mapper can say (:meth:`ColumnarPlan.lane_keys`)."""
+        return self._plan.lane_keys(records)
+
     def map_item(self, item: Item) -> Item:
         """``item`` mapped by the row mapper: with its row, or with its failure (poison). Raises
         :class:`~ingest.errors.Filtered` for a record a transform's filter drops."""
@@ -211,8 +218,6 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
         why = f"sink kind {p.sink.kind!r} has no columnar write"
     elif exactly_once:
         why = "exactly-once delivery writes by rows"
-    elif p.lanes != 1:
-        why = "it needs lanes: 1 (lanes route by the mapped row's key)"
     elif p.format != "json" or p.envelope != "none":
         why = "it reads plain JSON values only"
     elif p.has_deletes:
@@ -228,6 +233,8 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
     if plan is None:
         return row_mapper.columnar_refusal(rule.key_index, rule.version_index) or "its columns cannot be staged", \
             None, None
+    if p.lanes != 1 and plan.route_refusal is not None:
+        return f"lanes: {p.lanes} route by the mapped row's key: {plan.route_refusal}", None, None
     try:
         sink.use_columnar(plan.columns)
     except ValueError as exc:  # the sink cannot write these columns (or this table) by columns

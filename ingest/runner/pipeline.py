@@ -164,7 +164,7 @@ class Pipeline:
         self._acceptor = Acceptor(settings, mapper or mapper_for(settings, decoder=decoder, key_decoder=key_decoder),
                                   tracker=self._tracker, batching=self._batching, load=self._load, stats=self.stats,
                                   metrics=self.metrics, deterministic=offset_store is not None,
-                                  defer_mapping=writer.maps_in_lane)
+                                  defer_mapping=writer.maps_in_lane, lane_keys=writer.lane_keys)
         self._last_commit_ms = 0
         self._last_activity_ms = 0
         self._assigned_once = False

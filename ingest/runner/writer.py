@@ -35,7 +35,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager
 
 from tenacity import Retrying
 
@@ -51,7 +51,7 @@ from ingest.errors import (
 )
 from ingest.retry import retrying
 from ingest.sinks.base import ExactlyOnceFn, dedup_token, offsets_token
-from ingest.types import DeleteRow, Failure, Item, Partition
+from ingest.types import DeleteRow, Failure, Item, Partition, Record
 
 if TYPE_CHECKING:
     from ingest.runner.columnar import ColumnarPlanned, ColumnarTier
@@ -163,6 +163,13 @@ class BatchWriter:
         """Items reach this writer unmapped (neither row nor failure): :meth:`prepare` maps them, a whole
         batch at once (the columnar tier) or record by record."""
         return self._columnar is not None
+
+    @property
+    def lane_keys(self) -> Callable[[Sequence[Record]], list[Any]] | None:
+        """With :attr:`maps_in_lane`: what each of a chunk's records is routed to a lane by, as the row
+        path routes it, or ``UNROUTED`` (:meth:`ColumnarPlan.lane_keys
+        <ingest.core.mapping.columnar.ColumnarPlan.lane_keys>`); else None."""
+        return self._columnar.lane_keys if self._columnar is not None else None
 
     def _retrying(self, what: str, counter: list[int]) -> Retrying:
         def count() -> None:

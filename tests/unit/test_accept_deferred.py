@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 
 from ingest.cdc.mapper import mapper_for
 from ingest.config import PipelineSettings
+from ingest.core.mapping import Mapper
 from ingest.core.offsets import OffsetTracker
+from ingest.errors import InvalidRecord
 from ingest.metrics import Metrics
 from ingest.runner.accept import Acceptor
 from ingest.runner.stats import PipelineStats
@@ -31,22 +33,23 @@ ASSIGNED = [Partition("t", 0), Partition("t", 1), Partition("u", 0)]
 ALL = [*ASSIGNED, Partition("t", 2)]  # ("t", 2) is not assigned: its records are ignored
 
 
-def _settings(tombstones: str) -> PipelineSettings:
+def _settings(tombstones: str, lanes: int = 1) -> PipelineSettings:
     return PipelineSettings.model_validate({
-        "name": "accept", "topics": ["t", "u"], "lanes": 1, "tombstones": tombstones, "unkeyed": "lane0",
+        "name": "accept", "topics": ["t", "u"], "lanes": lanes, "tombstones": tombstones, "unkeyed": "lane0",
         "sink": {"kind": "postgres", "dsn": "postgresql://u@h/d", "table": "t", "conflict_key": ["id"],
                  "columns": {"id": {"type": "bigint", "required": True}, "kind": {"type": "text"}}},
     })
 
 
 class _Batching:
-    """Lane 0's batcher as the acceptor sees it: what it was handed, in order."""
+    """The lanes' batchers as the acceptor sees them: what each was handed, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, lanes: int = 1) -> None:
         self.handed: list[tuple[int, Item, int]] = []
+        self._lanes = lanes
 
     def __len__(self) -> int:
-        return 1
+        return self._lanes
 
     def buffer(self, lane: int, items: list[Item], sizes: list[int], now_ms: int) -> None:
         assert len(items) == len(sizes)
@@ -60,7 +63,9 @@ class _Load:
         self.sampled: list[tuple[int, int]] = []
 
     def observe(self, lane: int, key: bytes | None, size_bytes: int) -> None:
-        self.sampled.append((lane, size_bytes))
+        self.sampled.append((lane, size_bytes) if self.lanes == 1 else (lane, key, size_bytes))
+
+    lanes = 1
 
 
 def _acceptor(settings_: PipelineSettings, defer: bool) -> tuple[Acceptor, OffsetTracker, _Batching, _Load,
@@ -68,19 +73,34 @@ def _acceptor(settings_: PipelineSettings, defer: bool) -> tuple[Acceptor, Offse
     tracker: OffsetTracker[Partition] = OffsetTracker()
     for tp in ASSIGNED:
         tracker.assign(tp)
-    batching, load, stats = _Batching(), _Load(), PipelineStats()
+    batching, load, stats = _Batching(settings_.lanes), _Load(), PipelineStats()
+    load.lanes = settings_.lanes
+    lane_keys = None
+    if defer and settings_.lanes > 1:  # the columnar tier's plan routes them
+        rule = settings_.collapse_rule()
+        plan = Mapper(settings_.sink.columns, settings_.key).columnar_plan(rule.key_index, rule.version_index)
+        assert plan is not None and plan.route_refusal is None
+        lane_keys = plan.lane_keys
     acceptor = Acceptor(settings_, mapper_for(settings_), tracker=tracker, batching=batching,  # type: ignore[arg-type]
                         load=load, stats=stats, metrics=Metrics().pipeline("accept"),  # type: ignore[arg-type]
-                        deterministic=False, defer_mapping=defer)
+                        deterministic=False, defer_mapping=defer, lane_keys=lane_keys)
     acceptor._rng = random.Random(7)  # both loops draw the same sampling gaps
     return acceptor, tracker, batching, load, stats
 
 
+#: the records' Kafka keys (the key column reads the value: these are poison's routing keys only)
+KAFKA_KEYS = [b"k", b"key-2", None]
+
 record_specs = st.tuples(
     st.sampled_from(ALL),
     st.integers(min_value=-3, max_value=4),  # the offset's step from the partition's last one
-    st.sampled_from([b'{"id": 1, "kind": "a"}', b'{"id": 2}', b"not json", None, b'{"id": 12345678901}']),
-    st.sampled_from([b"k", b"key-2", None]),
+    st.sampled_from([b'{"id": 1, "kind": "a"}', b'{"id": 2}', b"not json", None, b'{"id": 12345678901}',
+                     # routed by the row mapper's row (text it coerces, a key beyond a double, bytes that are
+                     # not UTF-8 in a key no column reads, two lines) or the record's key (poison)
+                     b'{"id": "7"}', b'{"id": 3, "extra": [1, {"a": null}]}', b'{"id": 4, "zz": 1e400}',
+                     b'{"id": 5, "zz": "\xff"}', b'{"kind": "no id"}', b'{"id": 6}\n{"id": 7}', b'{"id": true}',
+                     b'{"id": 9223372036854775808}', b'{"id": 8, "kind": "nul \\u0000"}']),
+    st.sampled_from(KAFKA_KEYS),
 )
 
 
@@ -99,23 +119,33 @@ def _chunks(specs: list[list[tuple]]) -> list[list[Record]]:
 
 @settings(max_examples=300, deadline=None)
 @given(specs=st.lists(st.lists(record_specs, max_size=30), min_size=1, max_size=6),
-       tombstones=st.sampled_from(["skip", "dlq"]))
-def test_the_deferred_loop_tracks_batches_and_samples_as_the_mapping_loop(specs, tombstones):
+       tombstones=st.sampled_from(["skip", "dlq"]), lanes=st.sampled_from([1, 3]))
+def test_the_deferred_loop_tracks_batches_and_samples_as_the_mapping_loop(specs, tombstones, lanes):
+    """With more than one lane, each record goes to the lane the mapping loop sends it to (and the
+    sketch hears the same keys): the columnar tier keeps every key on one lane, as the row path does."""
     chunks = _chunks(specs)
     runs = {}
     for defer in (False, True):
-        acceptor, tracker, batching, load, stats = _acceptor(_settings(tombstones), defer)
+        acceptor, tracker, batching, load, stats = _acceptor(_settings(tombstones, lanes), defer)
         for chunk in chunks:
             acceptor.accept(chunk, now_ms=0)
         if defer:
             assert all(item.row is None and item.failure is None for _, item, _ in batching.handed)
+        # Poison touches no row: the mapping loop routes it by its Kafka key, the deferred one may
+        # route it by its key column's value (it is not mapped yet); compare its lane apart.
+        handed = [(lane, item.record, item.epoch, item.size_bytes, size) for lane, item, size in batching.handed]
         runs[defer] = {
             "tracked": {tp: (tracker.last_tracked(tp), tracker.in_flight(tp)) for tp in ASSIGNED},
-            "handed": [(lane, item.record, item.epoch, item.size_bytes, size) for lane, item, size in batching.handed],
-            "sampled": load.sampled,
+            "handed": sorted(((h[1].topic, h[1].partition, h[1].offset), h[2:]) for h in handed),
+            "lanes": [(h[0], h[1]) for h in handed if not _poison(h[1])],
+            # with lanes, only poison is sampled by its Kafka key (the mapping loop's) or its key
+            # column (the deferred loop's): the samples of the other records compare
+            "sampled": [s for s in load.sampled if lanes == 1 or not (_poison_key(s[1]) or s[1] in KAFKA_KEYS)],
             "counts": (stats.records_consumed, stats.records_mapped, stats.skipped),
         }
     assert runs[True] == runs[False]
+    if lanes == 1:  # one lane: the same records in the same order
+        assert [h for h in runs[True]["lanes"]] == [h for h in runs[False]["lanes"]]
 
 
 def test_a_chunk_is_sampled_across_polls_at_the_mapping_loops_positions():
@@ -130,3 +160,21 @@ def test_a_chunk_is_sampled_across_polls_at_the_mapping_loops_positions():
         sampled[defer] = load.sampled
     assert len(sampled[False]) > 10  # 400 records, one in 16 sampled on average
     assert sampled[True] == sampled[False]
+
+
+_MAPPER = Mapper(_settings("dlq").sink.columns)
+
+
+def _poison(record: Record) -> bool:
+    try:
+        _MAPPER.map(record)
+    except InvalidRecord:
+        return True
+    return False
+
+
+def _poison_key(key: bytes | None) -> bool:
+    """A sampled key that a poison record's key column holds, which the deferred loop may route and sample
+    by (its key is read before the row mapper refuses the record): the specs' ids 4 (a number beyond a
+    double in a key no column reads), 5 (bytes that are not UTF-8 there) and 8 (NUL text)."""
+    return key in (b"4", b"5", b"8")

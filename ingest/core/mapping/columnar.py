@@ -44,29 +44,39 @@ from __future__ import annotations
 
 import itertools
 import operator
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any, Union
 
 import msgspec
+import orjson
 
 from ingest.core.dialects import ChType
 from ingest.core.mapping.coerce_ch import CH_DT64_MAX_MS
+from ingest.core.mapping.common import _EPOCH_AWARE, _EPOCH_NAIVE, _FALSE, _MAX_DATETIME_TEXT, _TRUE
 from ingest.core.mapping.fastmap import (
+    _SCALAR,
     EXACT_FROMTIMESTAMP_MS,
+    TYPED_FIELDS,
     STREAM_ID_MAX,
     STREAM_ID_MIN,
     FastColumn,
     memoised_stream_id,
     typed_lines_decoder,
 )
-from ingest.core.routing import stream_id
+from ingest.core.routing import key_bytes, stream_id
 from ingest.types import Record
 
-#: The kinds of column the tier stages, by the row mapper's inline check (``FastColumn.inline``):
-#: ``int`` (an int8 stage column), ``text``, ``decimal`` (text: the float's shortest digits) and
-#: ``epoch_ms`` (int8 milliseconds; the upsert adds them to the epoch).
-KINDS = ("int", "text", "decimal", "epoch_ms")
+#: The kinds of column the tier stages: ``int`` (an int8 stage column), ``text``, and for ClickHouse
+#: ``decimal`` (a float whose digits need no rounding) and ``epoch_ms`` (int64 milliseconds); for
+#: PostgreSQL ``numeric`` (a JSON number as the shortest digits of its value, as text), ``timestamp``
+#: (epoch milliseconds or ISO 8601 text, as int8 microseconds since the epoch: the upsert adds them
+#: to it), ``float`` (``double precision``), ``bool`` and ``json`` (``json`` / ``jsonb``: the row
+#: mapper's JSON text of the value; see :func:`pg_staged`).
+KINDS = ("int", "text", "decimal", "epoch_ms", "numeric", "timestamp", "float", "bool", "json")
 
 #: Metadata sources the tier reads off the records (a republished record declines the batch): the
 #: record's attribute, and the Python type of its values (or None).
@@ -79,6 +89,9 @@ _METADATA: dict[str, tuple[str, type]] = {
 
 _astuple = msgspec.structs.astuple
 
+#: :meth:`ColumnarPlan.lane_keys` of a record only the row mapper can route.
+UNROUTED = object()
+
 #: The signed 64-bit range of the tier's integer arrays (the typed decoder refuses integers beyond it).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -86,13 +99,25 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: halves): a few poison records cost a few small decodes, not one call per value of the batch.
 DECODE_PIECE = 64
 
+#: The kinds a version column may be staged as: its staged values order as the row mapper's do
+#: (integers; a timestamp's microseconds since the epoch order as its instants).
+VERSION_KINDS = ("int", "timestamp")
+
 #: The Python types a column of each kind may hold, null (a missing value) included.
-_STAGED_TYPES = {kind: frozenset({t, type(None)})
-                 for kind, t in (("int", int), ("text", str), ("decimal", float), ("epoch_ms", int))}
+_STAGED_TYPES = {kind: frozenset({*ts, type(None)})
+                 for kind, ts in (("int", (int,)), ("text", (str,)), ("decimal", (float,)), ("epoch_ms", (int,)),
+                                  ("numeric", (int, float)), ("timestamp", (int, str)), ("float", (int, float)),
+                                  ("bool", (bool, int, str)), ("json", (msgspec.Raw, str, int, float, bool)))}
+
+#: The microseconds since the epoch a PostgreSQL ``timestamp`` column stages: ``|us| < 2**53`` (1685 to
+#: 2255), where the upsert's ``us * interval '1 microsecond'`` is exact (a double multiplies); beyond it,
+#: the row mapper.
+PG_US_MIN, PG_US_MAX = -(2**53) + 1, 2**53 - 1
+_US = timedelta(microseconds=1)
 
 #: The kinds whose values the decoder can check itself (:data:`~ingest.core.mapping.fastmap.TYPED_FIELDS`:
 #: exactly the Python types of :data:`_STAGED_TYPES`).
-_DECODED_AS = {"int": "int", "epoch_ms": "int", "text": "str"}
+_DECODED_AS = {"int": "int", "epoch_ms": "int", "text": "str", "json": "raw"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +125,8 @@ class StagedColumn:
     """One sink column as the tier stages it, and the checks its values must pass (the rest go to the
     row mapper).
 
-    ``kind``: one of :data:`KINDS`. ``lo``/``hi``: the accepted range of an ``int`` or ``epoch_ms``
-    column. ``aware``: an ``epoch_ms`` column is ``timestamptz`` (PostgreSQL). ``forbid_nul``: a
+    ``kind``: one of :data:`KINDS`. ``lo``/``hi``: the accepted range of an ``int``, ``epoch_ms`` or
+    ``timestamp`` column. ``aware``: a ``timestamp`` column is ``timestamptz`` (PostgreSQL). ``forbid_nul``: a
     ``text`` value may not hold NUL (PostgreSQL text cannot; ClickHouse strings can). ``scale`` and
     ``max_abs``: a ``decimal`` column whose sink does not round (ClickHouse): only floats whose
     shortest digits have at most ``scale`` decimals and whose magnitude is below ``max_abs`` -- the
@@ -116,24 +141,63 @@ class StagedColumn:
     forbid_nul: bool = True
     scale: int | None = None
     max_abs: float | None = None
+    as_text: bool = False
+    default: Any = None
+    #: a ``json`` column's coercer (the row mapper's own: the staged text is what it returns)
+    coerce: Any = field(default=None, compare=False)
+
+
+#: PostgreSQL base types the tier stages, by kind (integers come from the row mapper's inline check).
+_PG_KINDS = {"text": "text", "varchar": "text", "numeric": "numeric", "timestamptz": "timestamp",
+             "timestamp": "timestamp", "double precision": "float", "boolean": "bool", "json": "json", "jsonb": "json"}
 
 
 def pg_staged(name: str, col: FastColumn, full_type: str) -> StagedColumn | None:
     """How the tier stages a PostgreSQL column (``full_type``: the mapper's normalised type), or None
-    when it cannot (then no plan is made)."""
-    kind = ColumnarPlan.supports(col)
-    if kind is None or (kind == "decimal" and "(" not in full_type):
-        # an unconstrained numeric keeps the digits' own scale: Arrow writes 967.0 as "967"
+    when it cannot (then no plan is made): integer, ``text``/``varchar``, ``numeric`` (with or without
+    precision and scale), ``timestamptz``/``timestamp``, ``double precision`` and ``boolean`` columns
+    reading one top-level key or record metadata, with or without a default."""
+    base = full_type.split("(", 1)[0]
+    inline = col.inline[0] if col.inline else None
+    kind = "int" if inline == "int" else _PG_KINDS.get(base)
+    if kind is None or not _readable(col, kind):
         return None
     lo = hi = None
     if kind == "int":
         _, lo, hi = col.inline  # type: ignore[misc]
-    elif kind == "epoch_ms":
-        # Only the range where the database's millisecond arithmetic is exact in a double (and
-        # ``fromtimestamp`` agrees): beyond it, the row mapper.
-        lo, hi = max(col.inline[2], 0), min(col.inline[3], EXACT_FROMTIMESTAMP_MS - 1)  # type: ignore[index]
-    return StagedColumn(name, kind, aware=full_type.startswith("timestamptz"), lo=lo, hi=hi,
-                        forbid_nul=bool(col.inline[1]) if kind == "text" else True)  # type: ignore[index]
+    elif kind == "timestamp":
+        lo, hi = PG_US_MIN, PG_US_MAX
+    default = None if col.default is None else _staged_default(kind, col.default)
+    if col.default is not None and (default is None or (lo is not None and not lo <= default <= hi)):
+        return None
+    return StagedColumn(name, kind, aware=base == "timestamptz", lo=lo, hi=hi,
+                        forbid_nul=bool(col.inline[1]) if kind == "text" else True,  # type: ignore[index]
+                        as_text=kind == "numeric" and ("(" not in full_type or default is not None),
+                        default=default, coerce=col.coerce if kind == "json" else None)
+
+
+def _readable(col: FastColumn, kind: str) -> bool:
+    """Whether the tier reads a column's values: a top-level key, or metadata it lists off the records
+    (``@stream`` only into an integer column of the signed 64-bit range)."""
+    if col.doc_key is not None or col.reads_doc:  # a top-level key, or a path of keys (the plan's ``nested``)
+        return True
+    if col.metadata == "@stream":
+        return kind == "int" and col.inline[1] <= STREAM_ID_MIN and col.inline[2] >= STREAM_ID_MAX  # type: ignore[index]
+    return col.metadata in _METADATA
+
+
+def _staged_default(kind: str, default: Any) -> Any:
+    """A column's coerced default (the row mapper's) as the tier stages it, or None when it cannot."""
+    if kind == "timestamp":
+        if type(default) is not datetime:
+            return None
+        epoch = _EPOCH_AWARE if default.tzinfo is not None else _EPOCH_NAIVE
+        return (default - epoch) // _US
+    if kind == "numeric":
+        return str(default) if type(default) is Decimal and default.is_finite() else None
+    if kind in ("int", "text", "float", "bool", "json") and type(default) in _STAGED_TYPES[kind]:
+        return default
+    return None
 
 
 def ch_staged(name: str, col: FastColumn, t: ChType) -> StagedColumn | None:
@@ -188,13 +252,20 @@ class ColumnarPlan:
 
     def __init__(self, names: Sequence[str], columns: Sequence[FastColumn], kinds: Sequence[StagedColumn],
                  keys: Sequence[str], key_index: tuple[int, ...] | None, version_index: int | None = None,
-                 transform: Any = None) -> None:
+                 transform: Any = None, record_key_orders: bool = True,
+                 nested: dict[int, tuple[str, ...]] | None = None) -> None:
         """``transform``: the pipeline's transforms compiled for the tier
         (:class:`ingest.core.transforms.columnar.ColumnarTransform`): the batch is decoded by its
-        decoder and the columns read its results (``keys``: the document keys after the steps).
-        ``key_index``: the positions of the key columns whose rows collapse (None: every row kept);
-        ``version_index``: the position of the version column (an ``int`` column) whose highest value
-        wins a key, ties going to the last record (None: the last record wins)."""
+        decoder and the columns read its results (``keys``: the document keys after the steps; no
+        ``nested`` paths then). ``key_index``: the positions of the key columns whose rows collapse
+        (None: every row kept); ``version_index``: the position of the version column (of
+        :data:`VERSION_KINDS`) whose highest value wins a key, ties going to the last record (None: the
+        last record wins); ``record_key_orders``: the ordering key is the record's key (no ``key``
+        path), for :meth:`lane_keys` without key columns; ``nested``: document paths of more than one
+        key, by column position (-1: the pipeline key's), whose first key is among ``keys``: that key is
+        decoded as an object of the next keys (:func:`_nested_struct`), and such a column reads its
+        path, None where any step is missing or null (an object where a value is wanted, or a value
+        where an object is, is refused by the decoder: the row mapper decides)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -209,11 +280,20 @@ class ColumnarPlan:
                 staged_as.setdefault(col.doc_key, set()).add(_DECODED_AS.get(staged.kind))
         decoded_as = [next(iter(staged_as[key])) if len(staged_as.get(key, ())) == 1 else None for key in keys]
         self._transform = None if transform is None else transform.bind(keys)
+        nested = nested or {}
         if self._transform is not None:  # the columns read computed values: each is checked
+            assert not nested, "transforms read top-level fields: no nested paths (Mapper.columnar_plan)"
             decoded_as = [None] * len(keys)
             self._decode_lines = self._transform.decode_lines
+            self._decode_skipping = self._decode_lines  # the steps' decoder reads every field they name
+        elif nested:
+            tree = _path_tree(keys, nested.values())
+            self._decode_lines = msgspec.json.Decoder(_nested_struct(tree, decoded_as, True)).decode_lines
+            self._decode_skipping = msgspec.json.Decoder(_nested_struct(tree, decoded_as, False)).decode_lines
         else:
             self._decode_lines = typed_lines_decoder(keys, decoded_as)
+            #: the same, skipping keys no column reads: for batches :func:`_skippable` clears
+            self._decode_skipping = typed_lines_decoder(keys, decoded_as, forbid_unknown=False)
         self._empty = self._decode_lines(b"{}")[0]  # the document of a refused value (all fields missing)
         self._stream = memoised_stream_id(stream_id)
         #: per column: (how to read its values from (the documents' fields, each a sequence over the
@@ -222,8 +302,12 @@ class ColumnarPlan:
         #: metadata of such a type)
         self._readers: list[tuple[Callable[[list[Sequence[Any]], BatchFields], Sequence[Any]], StagedColumn, bool,
                                   bool]] = []
-        for col, staged in zip(columns, kinds, strict=True):
-            if col.doc_key is not None:
+        for i, (col, staged) in enumerate(zip(columns, kinds, strict=True)):
+            if i in nested:
+                path = nested[i]
+                reader = _nested_reader(keys.index(path[0]), _steps(tree, path))
+                typed = False
+            elif col.doc_key is not None:
                 reader = _doc_reader(keys.index(col.doc_key))
                 typed = decoded_as[keys.index(col.doc_key)] is not None
             elif col.metadata == "@stream":
@@ -237,9 +321,103 @@ class ColumnarPlan:
             self._readers.append((reader, staged, col.required, typed))
         self._key_index = key_index
         self._version_index = version_index
+        self._init_routing(columns, kinds, key_index, record_key_orders)
         # pyarrow imports pandas (when installed) on its first array from a list: at start-up, not in
         # the first batch
         pa.array([0], type=pa.int64())
+
+    def _init_routing(self, columns: Sequence[FastColumn], kinds: Sequence[StagedColumn],
+                      key_index: tuple[int, ...] | None, record_key_orders: bool) -> None:
+        """What :meth:`lane_keys` reads: each key column's source and checks, and a decoder of the
+        document keys among them (skipping every other key); ``route_refusal`` says why it cannot."""
+        #: why :meth:`lane_keys` cannot route this plan's records (lanes > 1 then write by rows), or None
+        self.route_refusal: str | None = None
+        #: per key column: (document field position, or None for metadata; the metadata attribute;
+        #: its staged column)
+        self._route: list[tuple[int | None, str | None, StagedColumn]] = []
+        self._route_decode: Callable[[bytes], list[Any]] | None = None
+        self._route_empty: Any = None
+        if key_index is None:
+            if not record_key_orders:
+                self.route_refusal = "a table without a conflict key routes by the pipeline key, which it does not read"
+            return
+        doc_keys: list[str] = []
+        for i in key_index:
+            col, staged = columns[i], kinds[i]
+            if staged.kind not in ("int", "text") or col.default is not None:
+                self.route_refusal = (f"the key column {staged.name!r} is routed by its value as the row mapper "
+                                      "coerces it; the tier routes integer and text keys without a default")
+                return
+            if col.doc_key is not None:
+                if col.doc_key not in doc_keys:
+                    doc_keys.append(col.doc_key)
+                self._route.append((doc_keys.index(col.doc_key), None, staged))
+            elif col.metadata in _METADATA:
+                self._route.append((None, _METADATA[col.metadata][0], staged))
+            else:
+                self.route_refusal = f"the key column {staged.name!r} reads {col.metadata}, which the tier does not route by"
+                return
+        if doc_keys:
+            kind_of = {doc_keys.index(columns[i].doc_key): kinds[i].kind for i in key_index  # type: ignore[arg-type]
+                       if columns[i].doc_key is not None}
+            self._route_decode = typed_lines_decoder(
+                doc_keys, [_DECODED_AS[kind_of[j]] for j in range(len(doc_keys))], forbid_unknown=False)
+            self._route_empty = self._route_decode(b"{}")[0]
+            self._route_fields = [operator.attrgetter(f"f{j}") for j in range(len(doc_keys))]
+
+    def lane_keys(self, records: Sequence[Record]) -> list[Any]:
+        """Per record, what the row path routes it to a lane by -- :func:`~ingest.core.routing.key_bytes`
+        of its row's key values, or without key columns the record's key -- or :data:`UNROUTED` where
+        only the row mapper can say (a value it would coerce, a missing key, a document the decoder
+        refused, a republished record: the caller maps that record). Requires ``route_refusal is None``.
+        Pure; never raises for any record content."""
+        n = len(records)
+        fields = BatchFields(records)
+        if self._key_index is None:
+            return fields("key")
+        unsure = [False] * n
+        by_field: list[Sequence[Any]] = []
+        if self._route_decode is not None:
+            values = fields("value")
+            joined = b"\n".join(b"" if v is None else v for v in values)
+            if None in values or joined.count(b"\n") != n - 1:
+                values = [b"" if v is None or b"\n" in v else v for v in values]
+                joined = b"\n".join(values)
+            # No _skippable screen: a document whose skipped keys orjson refuses is poison, and poison
+            # touches no row (its lane does not matter); every other document's key values are orjson's.
+            docs: list[Any] = []
+            rejected: set[int] = set()
+            self._decode(values, 0, docs, rejected, joined, self._route_decode, self._route_empty)
+            for i in rejected:
+                unsure[i] = True
+            by_field = [list(map(get, docs)) for get in self._route_fields]
+        if fields("origin").count(None) != n:
+            for i, origin in enumerate(fields("origin")):
+                unsure[i] = unsure[i] or origin is not None
+        columns = []
+        for j, attr, staged in self._route:
+            column = by_field[j] if j is not None else fields(attr)  # type: ignore[arg-type]
+            if staged.kind == "int":
+                lo, hi = staged.lo, staged.hi
+                # the decoder gives ints or None (metadata: ints): a range check per batch when it can
+                if None in column or not (lo <= min(column) and max(column) <= hi):  # type: ignore[operator]
+                    unsure = [u or not (type(v) is int and lo <= v <= hi)  # type: ignore[operator]
+                              for u, v in zip(unsure, column, strict=True)]
+            else:
+                if None in column or "\x00" in "".join(column):
+                    unsure = [u or not (type(v) is str and not (staged.forbid_nul and "\x00" in v))
+                              for u, v in zip(unsure, column, strict=True)]
+            columns.append(column)
+        if len(columns) == 1:
+            column = columns[0]
+            if True in unsure:
+                column = [None if u else v for u, v in zip(unsure, column, strict=True)]
+            keys = list(map(_key_bytes_of, column))
+        else:
+            keys = [None if u else key_bytes(k) for k, u in zip(zip(*columns, strict=True), unsure, strict=True)]
+        if True in unsure:
+            return [UNROUTED if u else k for k, u in zip(keys, unsure, strict=True)]
+        return keys
 
     @staticmethod
     def supports(col: FastColumn) -> str | None:
@@ -285,25 +463,47 @@ class ColumnarPlan:
             return None  # a value holds a newline: lines would not be records
         docs: list[Any] = []
         rejected: set[int] = set()
-        self._decode(values, 0, docs, rejected, joined)
+        strict = None
+        if _framed(joined, n):  # most batches: every record holds exactly the keys the columns read
+            try:
+                strict = self._decode_lines(joined)
+            except Exception:  # noqa: BLE001 - another key, or a value the decoder refuses: below
+                strict = None
+        if strict is not None and len(strict) == n:
+            docs = strict
+        else:
+            self._decode(values, 0, docs, rejected, joined,
+                         self._decode_skipping if _skippable(joined) else self._decode_lines, self._empty)
         # the documents transposed: one sequence per field, in C (a tuple per document, then zip)
         by_field: list[Sequence[Any]] = list(zip(*map(_astuple, docs)))
         filtered: dict[str, list[int]] = {}
         if self._transform is not None:  # the transforms' results, and the records they filtered
             by_field, filtered = self._transform.apply(by_field, fields, rejected, n)
         arrays = []
-        values_of: list[Sequence[Any]] = []  # each column's values as Python objects (the collapse's keys)
+        # each key column's values as Python objects equal where the row mapper's values are (the
+        # collapse's keys); None for the other columns
+        values_of: list[Sequence[Any] | None] = []
         bad = None
-        for reader, staged, required, typed in self._readers:
+        for i, (reader, staged, required, typed) in enumerate(self._readers):
             kind = staged.kind
             column = reader(by_field, fields)
-            if not typed and not set(map(type, column)) <= _STAGED_TYPES[kind]:
-                # some value needs the row mapper's coercion
-                column, mask = _without_wrong_types(column, _STAGED_TYPES[kind])
-                mask = pa.array(mask)
-                bad = mask if bad is None else pc.or_(bad, mask)
-            array = pa.array(column, type=_ARROW_TYPE[kind](pa))
+            types = None
+            if not typed:
+                types = set(map(type, column))
+                if not types <= _STAGED_TYPES[kind]:
+                    # some value needs the row mapper's coercion
+                    column, mask = _without_wrong_types(column, _STAGED_TYPES[kind])
+                    mask = pa.array(mask)
+                    bad = mask if bad is None else pc.or_(bad, mask)
+                    types &= _STAGED_TYPES[kind]
             checks = []
+            convert = _CONVERTERS.get(kind)
+            if convert is None:
+                array = pa.array(column, type=_ARROW_TYPE[kind](pa))
+            else:
+                array, unfit = convert(pa, pc, column, staged, set(map(type, column)) if types is None else types)
+                if unfit is not None:
+                    checks.append(unfit)
             if required and array.null_count:
                 checks.append(pc.is_null(array))
             if staged.lo is not None:
@@ -317,8 +517,18 @@ class ColumnarPlan:
             for check in checks:
                 check = pc.fill_null(check, False)
                 bad = check if bad is None else pc.or_(bad, check)
+            filled = staged.default is not None and not required and array.null_count
+            if filled:
+                array = pc.fill_null(array, staged.default)
+            if self._key_index is None or i not in self._key_index:
+                values_of.append(None)
+            elif kind == "numeric" and pa.types.is_string(array.type):
+                values_of.append([None if v is None else Decimal(v) for v in array.to_pylist()])
+            elif kind in ("int", "text", "decimal", "epoch_ms") and not filled:
+                values_of.append(column)
+            else:  # values the conversion made equal (ISO forms of one instant, 1 and 1.0 ...)
+                values_of.append(array.to_pylist())
             arrays.append(array)
-            values_of.append(column)
         if bad is not None and pc.any(bad).as_py():
             rejected.update(pc.indices_nonzero(bad).to_pylist())
         if filtered:  # a filtered record has no row: its values are not checked, it is not rejected
@@ -336,14 +546,16 @@ class ColumnarPlan:
         return ColumnarBatch(table, sorted(rejected), filtered)
 
     def _decode(self, values: list[bytes], start: int, docs: list[Any], rejected: set[int],
-                joined: bytes | None = None) -> None:
+                joined: bytes | None = None, decode: Callable[[bytes], list[Any]] | None = None,
+                empty: Any = None) -> None:
         """Append the documents of ``values`` (the batch's from position ``start``; ``joined``: them
         joined by newlines, when the caller has it) to ``docs``, and the positions the decoder refused
         to ``rejected``, an empty document standing in for each. ``values`` hold no newline
         (:meth:`build`). One C call decodes them all when it can; else they are decoded
         :data:`DECODE_PIECE` at a time, a failing piece in halves, down to single values, so a few
         poison records cost a few small decodes, not one call per value of the batch."""
-        decode = self._decode_lines
+        if decode is None:
+            decode, empty = self._decode_lines, self._empty
         n = len(values)
         if n > 1:
             if joined is None:
@@ -359,7 +571,7 @@ class ColumnarPlan:
                 return
             step = DECODE_PIECE if n > DECODE_PIECE else (n + 1) // 2
             for i in range(0, n, step):
-                self._decode(values[i:i + step], start + i, docs, rejected)
+                self._decode(values[i:i + step], start + i, docs, rejected, None, decode, empty)
             return
         try:
             one = decode(values[0])
@@ -367,10 +579,11 @@ class ColumnarPlan:
                 raise ValueError("not one document")
             docs.append(one[0])
         except Exception:  # noqa: BLE001 - refused: the row mapper decides
-            docs.append(self._empty)
+            docs.append(self._empty if empty is None else empty)
             rejected.add(start)
 
-    def _survivors(self, table: Any, values_of: list[Sequence[Any]], n: int, rejected: set[int]) -> list[int] | None:
+    def _survivors(self, table: Any, values_of: list[Sequence[Any] | None], n: int,
+                   rejected: set[int]) -> list[int] | None:
         """Row positions to keep: the accepted records, the winner of each key (None: every row) --
         the last record, or with a version column the highest version, ties to the last (as
         :func:`ingest.core.collapse.collapse` orders a group). ``values_of``: each column of ``table``
@@ -385,7 +598,7 @@ class ColumnarPlan:
             order = self._pc.sort_indices(table.column(self._version_index)).to_pylist()
         if rejected:
             order = list(itertools.filterfalse(rejected.__contains__, range(n) if order is None else order))
-        key_columns = [values_of[i] for i in self._key_index]
+        key_columns: list[Sequence[Any]] = [values_of[i] for i in self._key_index]  # type: ignore[misc]
         if order is not None:
             key_columns = [list(map(column.__getitem__, order)) for column in key_columns]
         keys = key_columns[0] if len(key_columns) == 1 else list(zip(*key_columns, strict=True))
@@ -416,6 +629,77 @@ def _needs_rounding(pc: Any, array: Any, scale: int, max_abs: float | None) -> A
     plain = pc.match_substring_regex(pc.cast(array, "string"), f"^-?[0-9]+(\\.[0-9]{{1,{scale}}})?$")
     small = pc.less(pc.abs(array), max_abs) if max_abs is not None else plain
     return pc.invert(pc.and_(plain, small))
+
+
+#: Digits and ``.`` as ``0``, ``e``/``E`` as ``e``, ``+`` kept, every other byte a space: the shape of
+#: the numbers in a batch, searched by :func:`_big_number` at C speed.
+_NUMBER_SHAPE = bytes.maketrans(bytes(range(256)), bytes(
+    ord("0") if chr(b) in "0123456789." else ord("e") if chr(b) in "eE" else ord("+") if b == ord("+") else ord(" ")
+    for b in range(256)))
+#: What may start a JSON number token: the bytes before one (``[``, ``,``, ``:``, whitespace).
+_BEFORE_NUMBER = frozenset(b"[,: \t\r\n\f\v")
+
+
+def _big_number(joined: bytes) -> bool:
+    """Whether ``joined`` may hold a JSON number beyond a double's range (which orjson refuses and
+    msgspec does not check where it skips): a number token -- a run of digits and points, after one of
+    :data:`_BEFORE_NUMBER` and an optional ``-`` -- holding twenty digits or points in a row, or an
+    exponent of three digits or more. One translation and substring searches in C; Python only per
+    such run (text inside strings may match too: then the batch is decoded the strict way)."""
+    shape = joined.translate(_NUMBER_SHAPE)
+    rfind, find = shape.rfind, shape.find
+    for pattern in (b"00000000000000000000", b"0e000", b"0e+000"):
+        pos = find(pattern)
+        while pos != -1:
+            # the run of digits and points holding the match starts after the last other byte before it
+            # (looked for in the 64 bytes before it: a longer run is taken as a number)
+            low = max(pos - 64, 0)
+            begin = max(rfind(b" ", low, pos), rfind(b"e", low, pos), rfind(b"+", low, pos)) + 1
+            if begin == 0 and low > 0:
+                return True
+            if begin > 0 and joined[begin - 1] == 0x2D:  # a minus sign
+                begin -= 1
+            if begin == 0 or joined[begin - 1] in _BEFORE_NUMBER:
+                return True
+            # past this run (its other matches start alike)
+            high = pos + 64
+            ends = [e for e in (find(b" ", pos, high), find(b"e", pos + 1, high), find(b"+", pos, high)) if e != -1]
+            pos = find(pattern, min(ends) if ends else high)
+    return False
+
+
+#: A value opening this many brackets (``[``, ``{``) is never decoded skipping keys (orjson's nesting
+#: limit is 1024 levels, and a value that deep opens at least that many).
+MAX_SKIPPED_OPEN = 1000
+
+
+def n_values(joined: bytes) -> int:
+    """How many newline-separated values ``joined`` holds."""
+    return joined.count(b"\n") + 1
+
+
+def _skippable(joined: bytes) -> bool:
+    """Whether keys no column reads may be skipped in this batch (``typed_lines_decoder(...,
+    forbid_unknown=False)``): its bytes are UTF-8, it holds no number that may be beyond a double's
+    range -- the two things orjson checks that msgspec does not check in what it skips -- and no
+    value nests deeper than orjson allows. A batch that is not is decoded with unknown keys refused
+    (their records go to the row mapper)."""
+    if not joined.isascii():
+        try:
+            joined.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+    if _big_number(joined):
+        return False
+    # Nesting: orjson refuses a document deeper than 1024; msgspec's limit follows the interpreter's
+    # recursion limit (refusing deeper than it less the stack in use), which may be raised above that.
+    # A value that deep opens at least that many brackets.
+    if sys.getrecursionlimit() <= MAX_SKIPPED_OPEN:
+        return True
+    opened = joined.count(b"[") + joined.count(b"{")
+    if opened - n_values(joined) < MAX_SKIPPED_OPEN:
+        return True
+    return all(v.count(b"[") + v.count(b"{") < MAX_SKIPPED_OPEN for v in joined.split(b"\n"))
 
 
 def _framed(joined: bytes, n: int) -> bool:
@@ -459,6 +743,62 @@ def _doc_reader(j: int) -> Callable[[list[Sequence[Any]], BatchFields], Sequence
     return read
 
 
+def _key_bytes_of(v: Any) -> bytes | None:
+    """:func:`~ingest.core.routing.key_bytes` of one int or str key value (None: the caller's UNROUTED)."""
+    return b"%d" % v if type(v) is int else None if v is None else v.encode("utf-8", "surrogatepass")
+
+
+def _path_tree(keys: Sequence[str], paths: Any) -> dict[str, Any]:
+    """The documents' shape the plan decodes: each top-level key (in ``keys`` order) maps to None (a
+    value) or to the tree of the keys read inside it."""
+    tree: dict[str, Any] = {key: None for key in keys}
+    for path in paths:
+        node = tree
+        for step in path[:-1]:
+            if node.get(step) is None:
+                node[step] = {}
+            node = node[step]
+        node.setdefault(path[-1], None)
+    return tree
+
+
+def _nested_struct(tree: dict[str, Any], decoded_as: Sequence[str | None] | None, forbid_unknown: bool) -> Any:
+    """The Struct of ``tree``: field ``f<j>`` is its ``j``-th key, a JSON scalar (narrowed as
+    ``decoded_as[j]`` says, at the top level) or, for a key with a subtree, that subtree's Struct or
+    null. Unknown keys refused unless ``forbid_unknown`` is false (see :func:`_skippable`)."""
+    names, types = [], []
+    for j, (key, sub) in enumerate(tree.items()):
+        names.append(f"f{j}")
+        if sub is not None:
+            types.append(Union[_nested_struct(sub, None, forbid_unknown), None])  # noqa: UP007
+        else:
+            narrow = decoded_as[j] if decoded_as is not None else None
+            types.append(TYPED_FIELDS[narrow] if narrow is not None else _SCALAR)
+    return msgspec.defstruct("TypedDocument", [(n, t, None) for n, t in zip(names, types, strict=True)],
+                             rename=dict(zip(names, tree, strict=True)), forbid_unknown_fields=forbid_unknown,
+                             gc=False)
+
+
+def _steps(tree: dict[str, Any], path: tuple[str, ...]) -> list[Callable[[Any], Any]]:
+    """Attribute getters that walk ``path`` (after its first key) through :func:`_nested_struct`'s Structs."""
+    getters = []
+    node = tree[path[0]]
+    for step in path[1:]:
+        getters.append(operator.attrgetter(f"f{list(node).index(step)}"))
+        node = node[step]
+    return getters
+
+
+def _nested_reader(j: int, steps: list[Callable[[Any], Any]]) -> Callable[[list[Sequence[Any]], BatchFields], list[Any]]:
+    def read(by_field: list[Sequence[Any]], fields: BatchFields) -> list[Any]:
+        values: Sequence[Any] = by_field[j]
+        for get in steps:
+            values = [None if v is None else get(v) for v in values]
+        return list(values)
+
+    return read
+
+
 def _field_reader(name: str) -> Callable[[list[Sequence[Any]], BatchFields], list[Any]]:
     def read(by_field: list[Sequence[Any]], fields: BatchFields) -> list[Any]:
         return fields(name)
@@ -471,4 +811,156 @@ _ARROW_TYPE: dict[str, Callable[[Any], Any]] = {
     "text": lambda pa: pa.string(),
     "decimal": lambda pa: pa.float64(),
     "epoch_ms": lambda pa: pa.int64(),
+}
+
+
+# --------------------------------------------------------------------------- PostgreSQL conversions
+# Each takes a column's values (of the kind's staged Python types, or None) and returns the Arrow
+# array the sink stages and the mask of the values the row mapper must decide (or None): for the
+# values it keeps, the stage converted by the upsert holds exactly what the row mapper's coercer
+# (coerce_pg) returns for them.
+
+def _number_text(v: Any) -> bytes | None:
+    """A JSON number's text as ``float_decimal`` reads it (orjson's shortest digits of a float, an
+    int's digits): ``b"null"`` for a float that is not finite (orjson writes those so)."""
+    if v is None:
+        return None
+    try:
+        return orjson.dumps(v)
+    except TypeError:  # an integer beyond 64 bits (the decoder refuses those): the row mapper's
+        return b"null"
+
+
+def _numeric_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColumn, types: set[type]) -> tuple[Any, Any]:
+    """``numeric``: floats (and ints) as ``_numeric`` reads them -- a float's shortest digits, an int's
+    digits -- cast by the upsert to the column's type. Floats alone, into a ``numeric(p,s)`` column,
+    go as a float64 array (Arrow's CSV writer writes the same shortest digits, and the scale is the
+    column's); otherwise as that text."""
+    if not staged.as_text and int not in types:
+        array = pa.array(column, type=pa.float64())
+        return array, pc.invert(pc.is_finite(array))
+    texts = list(map(_number_text, column))
+    unfit = None
+    if b"null" in texts:
+        mask = [t == b"null" for t in texts]
+        texts = [None if m else t for t, m in zip(texts, mask, strict=True)]
+        unfit = pa.array(mask)
+    return pa.array(texts, type=pa.string()), unfit
+
+
+def _iso(v: str) -> datetime | None:
+    """``v`` parsed as ``_timestamptz`` / ``_timestamp`` parse text, or None where they refuse it."""
+    if len(v) > _MAX_DATETIME_TEXT:
+        return None
+    try:
+        return datetime.fromisoformat(v)
+    except ValueError:
+        return None
+
+
+#: Epoch milliseconds beyond this magnitude are out of the staged range (clipped to it before the
+#: multiplication, so the range check rejects them without an overflow).
+_MS_CLIP = PG_US_MAX // 1000 + 1
+
+
+def _timestamp_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColumn,
+                     types: set[type]) -> tuple[Any, Any]:
+    """``timestamptz`` / ``timestamp``: microseconds since the epoch of the instant the row mapper's
+    datetime stands for -- epoch milliseconds times 1000, ISO 8601 text parsed by the very
+    ``datetime.fromisoformat`` it calls (text without a zone is UTC, a zone's offset is subtracted to
+    the microsecond). The range check (``lo``/``hi``) rejects what lies beyond :data:`PG_US_MAX`."""
+    if str not in types:
+        ms = pa.array(column, type=pa.int64())
+        return pc.multiply(pc.max_element_wise(pc.min_element_wise(ms, _MS_CLIP, skip_nulls=False), -_MS_CLIP,
+                                                  skip_nulls=False), 1000), None
+    n = len(column)
+    at = [i for i, t in enumerate(map(type, column)) if t is str]
+    parsed = list(map(_iso, map(column.__getitem__, at)))
+    walls = [d if d is None or d.tzinfo is None else d.replace(tzinfo=None) for d in parsed]
+    offsets = [None if d is None else d.utcoffset() for d in parsed]
+    us = pc.subtract(pa.array(walls, type=pa.timestamp("us")).cast(pa.int64()),
+                     pc.fill_null(pa.array(offsets, type=pa.duration("us")).cast(pa.int64()), 0)).to_pylist()
+    out: list[Any] = list(column) if int in types else [None] * n
+    if int in types:
+        for i, v in enumerate(out):
+            if type(v) is int:
+                out[i] = max(min(v, _MS_CLIP), -_MS_CLIP) * 1000
+    for i, u in zip(at, us, strict=True):
+        out[i] = u
+    unfit = None
+    if None in parsed:
+        mask = [False] * n
+        for i, d in zip(at, parsed, strict=True):
+            mask[i] = d is None
+        unfit = pa.array(mask)
+    return pa.array(out, type=pa.int64()), unfit
+
+
+def _float_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColumn, types: set[type]) -> tuple[Any, Any]:
+    """``double precision``: floats as they are, ints as ``float(v)`` (``_float_coercer``)."""
+    if int in types:
+        column = [float(v) if type(v) is int else v for v in column]
+    array = pa.array(column, type=pa.float64())
+    return array, pc.invert(pc.is_finite(array))
+
+
+_NOT_BOOL = object()
+
+
+def _bool_of(v: Any) -> Any:
+    """``_boolean``'s value for ``v`` (a bool, an int, a str, or None), or :data:`_NOT_BOOL`."""
+    t = type(v)
+    if v is None or t is bool:
+        return v
+    if t is int:
+        return True if v == 1 else False if v == 0 else _NOT_BOOL
+    low = v.lower()
+    return True if low in _TRUE else False if low in _FALSE else _NOT_BOOL
+
+
+def _bool_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColumn, types: set[type]) -> tuple[Any, Any]:
+    """``boolean``: bools, 0 / 1, and the words ``_boolean`` takes (``true``, ``f``, ``1`` ..., any case)."""
+    if types <= {bool, type(None)}:
+        return pa.array(column, type=pa.bool_()), None
+    values = list(map(_bool_of, column))
+    mask = [v is _NOT_BOOL for v in values]
+    if not any(mask):
+        return pa.array(values, type=pa.bool_()), None
+    return pa.array([None if m else v for v, m in zip(values, mask, strict=True)], type=pa.bool_()), pa.array(mask)
+
+
+def _json_text(coerce: Callable[[Any], str], v: Any) -> Any:
+    """A ``json`` column's staged text for ``v`` (a decoded scalar, or a value's raw JSON bytes parsed by
+    orjson as the row mapper's decode parses them): ``coerce(value)``; None for a JSON null (a missing
+    value); :data:`_NOT_BOOL` where the row mapper must decide."""
+    try:
+        if type(v) is msgspec.Raw:
+            raw = bytes(v)
+            if raw.count(b"[") + raw.count(b"{") >= MAX_SKIPPED_OPEN:
+                return _NOT_BOOL  # nesting near orjson's limit, which counts the document's own level too
+            v = orjson.loads(raw)
+            if v is None:
+                return None
+        return coerce(v)
+    except Exception:  # noqa: BLE001 - orjson refuses it, or the coercer does: the row mapper decides
+        return _NOT_BOOL
+
+
+def _json_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColumn, types: set[type]) -> tuple[Any, Any]:
+    """``json`` / ``jsonb``: the row mapper's coercer (compact JSON text, no NUL) of each value, the
+    upsert casting the text as the row path's stage does."""
+    coerce = staged.coerce
+    texts = [None if v is None else _json_text(coerce, v) for v in column]
+    mask = [t is _NOT_BOOL for t in texts]
+    if not any(mask):
+        return pa.array(texts, type=pa.string()), None
+    return pa.array([None if m else t for t, m in zip(texts, mask, strict=True)], type=pa.string()), pa.array(mask)
+
+
+_CONVERTERS: dict[str, Callable[[Any, Any, Sequence[Any], StagedColumn, set[type]], tuple[Any, Any]]] = {
+    "numeric": _numeric_array,
+    "timestamp": _timestamp_array,
+    "float": _float_array,
+    "bool": _bool_array,
+    "json": _json_array,
 }

@@ -266,11 +266,14 @@ def typed_document(keys: Sequence[str]) -> Callable[[bytes], Any]:
 TYPED_FIELDS: dict[str, Any] = {
     "int": Union[Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)], None],  # noqa: UP007
     "str": Union[str, None],  # noqa: UP007
+    # any JSON value, as its bytes (null as ``b"null"``): a json / jsonb column of the columnar tier,
+    # which parses them with orjson itself
+    "raw": msgspec.Raw,
 }
 
 
-def typed_lines_decoder(keys: Sequence[str], fields: Sequence[str | None] | None = None
-                        ) -> Callable[[bytes], list[Any]]:
+def typed_lines_decoder(keys: Sequence[str], fields: Sequence[str | None] | None = None, *,
+                        forbid_unknown: bool = True) -> Callable[[bytes], list[Any]]:
     """:func:`typed_document`'s decoder for newline-delimited documents: one C call decodes a batch
     (``msgspec.json.Decoder.decode_lines``); each line holds to :func:`typed_document`'s contract,
     and the whole call raises when any line does. It reads whitespace-separated documents, not
@@ -278,17 +281,24 @@ def typed_lines_decoder(keys: Sequence[str], fields: Sequence[str | None] | None
     lines, so a caller must frame its lines (see ``ingest.core.mapping.columnar._framed``).
 
     ``fields[j]``, when given and not None, narrows ``keys[j]`` to a :data:`TYPED_FIELDS` type: a
-    document whose value there is of another type is refused like a malformed one."""
-    return msgspec.json.Decoder(_typed_struct(keys, fields)).decode_lines
+    document whose value there is of another type is refused like a malformed one.
+
+    ``forbid_unknown=False``: a document may hold other keys too, skipped -- msgspec checks their
+    syntax, escapes and nesting (deeper than orjson allows is refused) but not two things orjson
+    checks: that the bytes are UTF-8 and that a number is within a double's range. A caller must
+    check those itself (``ingest.core.mapping.columnar._skippable``)."""
+    return msgspec.json.Decoder(_typed_struct(keys, fields, forbid_unknown)).decode_lines
 
 
-def _typed_struct(keys: Sequence[str], fields: Sequence[str | None] | None = None) -> Any:
+def _typed_struct(keys: Sequence[str], fields: Sequence[str | None] | None = None, forbid_unknown: bool = True) -> Any:
     """The Struct of :func:`typed_document`: field ``f<j>`` is ``keys[j]`` (of type
-    ``TYPED_FIELDS[fields[j]]`` when that is given, else any JSON scalar), unknown fields refused."""
+    ``TYPED_FIELDS[fields[j]]`` when that is given, else any JSON scalar), unknown fields refused
+    (unless ``forbid_unknown`` is false)."""
     names = [f"f{j}" for j in range(len(keys))]
     types = [TYPED_FIELDS[f] if f is not None else _SCALAR for f in (fields or [None] * len(keys))]
     return msgspec.defstruct("TypedDocument", [(name, t, None) for name, t in zip(names, types, strict=True)],
-                             rename=dict(zip(names, keys, strict=True)), forbid_unknown_fields=True, gc=False)
+                             rename=dict(zip(names, keys, strict=True)), forbid_unknown_fields=forbid_unknown,
+                             gc=False)
 
 
 def typed_keys(columns: Sequence[FastColumn], key_doc_key: str | None) -> list[str] | None:

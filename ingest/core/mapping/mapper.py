@@ -54,6 +54,7 @@ parsed exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -64,7 +65,7 @@ from ingest.config.base import ColumnSpec
 from ingest.core.dialects import ch_type, pg_base_type
 from ingest.core.mapping.coerce_ch import _ch_coercer, _ch_inline
 from ingest.core.mapping.coerce_pg import _coercer_for, _pg_inline
-from ingest.core.mapping.columnar import ColumnarPlan, ch_staged, pg_staged
+from ingest.core.mapping.columnar import VERSION_KINDS, ColumnarPlan, ch_staged, pg_staged
 from ingest.core.mapping.common import (
     Coercer,
     Getter,
@@ -183,7 +184,7 @@ class Mapper:
 
     __slots__ = ("column_names", "column_types", "_plan", "_needs_json", "_needs_object", "_key_getter", "_fast",
                  "_fast_doc", "_untyped", "_decoder", "_describe", "fast_misses", "_typed_misses", "_typed_offered",
-                 "_typed_reviewed_misses", "_columnar_source", "_columnar_why", "_sources")
+                 "_typed_reviewed_misses", "_columnar_source", "_columnar_why", "_sources", "_columnar_nested")
 
     def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None, *,
                  dialect: str | None = None, decoder: Decoder | None = None,
@@ -257,6 +258,9 @@ class Mapper:
         self._columnar_source: tuple[list[FastColumn], list[str], str] | None = None
         #: why there is no columnar source (the first reason), for :meth:`columnar_refusal`
         self._columnar_why: str | None = None
+        #: document paths of more than one key the columnar plan decodes: by column position, and the
+        #: pipeline key's (position -1)
+        self._columnar_nested: dict[int, tuple[str, ...]] = {}
         self._sources = sources
         if keys is not None and loads is orjson.loads:  # JSON values, every $ source one key: the typed tier
             dialects = {dialect or getattr(spec, "dialect", "postgres") for spec in columns.values()}
@@ -271,8 +275,37 @@ class Mapper:
             self._columnar_why = "its values are not JSON documents"
         else:
             self._columnar_why = self._untyped_reason(fast_columns, key_path, key_doc_key, key_typed)
+            nested = self._nested_paths(fast_columns, parsed, key_path)
+            dialects = {dialect or getattr(spec, "dialect", "postgres") for spec in columns.values()}
+            if nested is not None and len(dialects) == 1:
+                self._columnar_source = (fast_columns, nested[0], dialects.pop())
+                self._columnar_nested = nested[1]
+                self._columnar_why = None
         self._fast_doc = compile_fast_map(fast_columns, needs_json=True, needs_object=self._needs_object,
                                           key_getter=self._key_getter, render_key=_render_key, given_doc=True)
+
+    def _nested_paths(self, fast_columns: Sequence[FastColumn], parsed: Mapping[str, Any], key_path: str | None
+                      ) -> tuple[list[str], dict[int, tuple[str, ...]]] | None:
+        """For the columnar plan of a JSON pipeline whose ``$`` sources are paths of keys (``$.user.id``;
+        no array index, none a prefix of another): the top-level keys it decodes and the longer paths
+        by column position (the pipeline key's at -1); None when some source is not such a path."""
+        paths: dict[int, tuple[str, ...]] = {}
+        for i, col in enumerate(fast_columns):
+            if col.reads_doc:
+                paths[i] = tuple(str(step) for _, step in parsed[self._sources[self.column_names[i]]])
+                if not all(is_key for is_key, _ in parsed[self._sources[self.column_names[i]]]):
+                    return None
+        if key_path is not None and key_path.startswith("$"):
+            if not all(is_key for is_key, _ in parsed[key_path]):
+                return None
+            paths[-1] = tuple(str(step) for _, step in parsed[key_path])
+        if not paths or any(not p or any(unnameable_key(k) for k in p) for p in paths.values()):
+            return None
+        distinct = set(paths.values())
+        if any(a != b and b[:len(a)] == a for a in distinct for b in distinct):
+            return None  # one path reads a value, another reads into it
+        keys = list(dict.fromkeys(p[0] for p in paths.values()))
+        return keys, {i: p for i, p in paths.items() if len(p) > 1}
 
     def _untyped_reason(self, fast_columns: Sequence[FastColumn], key_path: str | None, key_doc_key: str | None,
                         key_typed: bool) -> str:
@@ -288,6 +321,16 @@ class Mapper:
             return "the pipeline key has a quote, backslash or control character"
         return "no column reads the record value"
 
+    def nested_refusal(self) -> str | None:
+        """Why a plan with transforms cannot read these columns: the first column reading a nested path
+        (the steps' decoder reads top-level fields), or None."""
+        for position in sorted(self._columnar_nested):
+            if position >= 0:
+                name = self.column_names[position]
+                return f"column {name!r} reads {self._sources[name]!r}: with transforms the tier reads top-level fields"
+        return "the key reads a nested path: with transforms the tier reads top-level fields" \
+            if self._columnar_nested else None
+
     def columnar_refusal(self, key_index: tuple[int, ...] | None, version_index: int | None = None) -> str | None:
         """Why :meth:`columnar_plan` makes no plan for these columns -- the first reason, naming the
         column -- or None when it makes one."""
@@ -300,18 +343,23 @@ class Mapper:
             if staged is not None:
                 kinds.append(staged.kind)
                 continue
-            if col.default is not None:
-                return f"column {name!r} has a default (the row mapper fills defaults)"
+            if not col.reads_doc and col.metadata is None:
+                return f"column {name!r} reads {self._sources[name]!r}, which the tier does not stage"
+            if dialect == "clickhouse":
+                if col.doc_key is None and col.metadata is None:
+                    return f"column {name!r} reads {self._sources[name]!r}, which the tier does not stage"
+                if col.default is not None:
+                    return f"column {name!r} has a default (the row mapper fills defaults)"
+                return f"column {name!r} is {full}: the tier stages integer, String, Decimal and DateTime64 columns"
+            if col.default is not None and pg_staged(name, dataclasses.replace(col, default=None), full) is not None:
+                return f"column {name!r} has a default the tier cannot stage ({col.default!r})"
             if col.doc_key is None:
                 return f"column {name!r} reads {self._sources[name]!r}, which the tier does not stage"
-            kind = col.inline[0] if col.inline else None
-            if kind == "decimal" and dialect != "clickhouse":
-                return (f"column {name!r} is {full} without (precision, scale): each value keeps its own scale, "
-                        "which Arrow does not")
-            return f"column {name!r} is {full}: the tier stages integer, text, numeric(p, s) and timestamp columns"
-        if version_index is not None and kinds[version_index] != "int":
+            return (f"column {name!r} is {full}: the tier stages integer, text, numeric, timestamp, double "
+                    "precision and boolean columns")
+        if version_index is not None and kinds[version_index] not in VERSION_KINDS:
             name, full = self.column_names[version_index], self.column_types[version_index]
-            return f"the version column {name!r} is {full}, not an integer column"
+            return f"the version column {name!r} is {full}, not an integer or timestamp column"
         return None
 
     def columnar_plan(self, key_index: tuple[int, ...] | None,
@@ -321,9 +369,9 @@ class Mapper:
         ``version_index`` value, ties to the last; None: every row kept), or None when the columnar
         tier cannot map them: not a typed JSON pipeline (see :attr:`typed`), a column of a kind it
         does not stage (:func:`~ingest.core.mapping.columnar.pg_staged`,
-        :func:`~ingest.core.mapping.columnar.ch_staged`) or with a default, a version column that is
-        not an integer column. ``transform``: the pipeline's transforms compiled for the tier, applied
-        to each batch before its columns are read (:class:`ingest.core.mapping.columnar.ColumnarPlan`)."""
+        :func:`~ingest.core.mapping.columnar.ch_staged`), a version column that is not an integer or
+        (PostgreSQL) timestamp column. ``transform``: the pipeline's transforms compiled for the tier,
+        applied to each batch before its columns are read (:class:`ingest.core.mapping.columnar.ColumnarPlan`)."""
         if self._columnar_source is None:
             return None
         columns, keys, dialect = self._columnar_source
@@ -333,9 +381,12 @@ class Mapper:
             if staged is None:
                 return None
             kinds.append(staged)
-        if version_index is not None and kinds[version_index].kind != "int":
+        if version_index is not None and kinds[version_index].kind not in VERSION_KINDS:
             return None
-        return ColumnarPlan(self.column_names, columns, kinds, keys, key_index, version_index, transform=transform)
+        if transform is not None and self._columnar_nested:  # the steps' decoder reads top-level fields
+            return None
+        return ColumnarPlan(self.column_names, columns, kinds, keys, key_index, version_index, transform=transform,
+                            record_key_orders=self._key_getter is None, nested=self._columnar_nested)
 
     @property
     def typed(self) -> bool:

@@ -14,11 +14,16 @@ The stage holds each column as the columnar tier stages it, and the ``SELECT`` c
 - ``int``: ``int8``, assigned to the column (its range was checked per batch);
 - ``text``: ``text``, assigned (a ``varchar(n)`` column checks its length on assignment, as on
   the row path);
-- ``decimal``: the float's shortest round-trip digits as ``text`` (Arrow's CSV writer writes
-  the digits ``float_decimal`` keeps), cast to the column's ``numeric`` type as the row path's
-  text stage does;
-- ``epoch_ms``: ``int8`` milliseconds, added to the epoch as an interval (exact for the range
-  the tier accepts, ``0 .. 2**42``).
+- ``numeric``: a JSON number's shortest round-trip digits as ``text`` (Arrow's CSV writer writes
+  the digits ``float_decimal`` keeps, or the plan made the text), cast to the column's ``numeric``
+  type as the row path's text stage does;
+- ``timestamp``: ``int8`` microseconds since the epoch (from epoch milliseconds or ISO 8601 text),
+  added to the epoch as an interval (exact for the range the tier accepts, ``|us| < 2**53``; an
+  interval of microseconds only adds them, whatever the session's time zone);
+- ``json``: the row mapper's JSON text, cast to the column's ``json`` / ``jsonb`` type as the row
+  path's stage does;
+- ``float``: ``float8`` (Arrow writes the shortest digits that round-trip, which ``float8in`` reads
+  back bit for bit); ``bool``: ``boolean``, assigned.
 
 Every value is quoted (``quoting_style="all_valid"``): an unquoted empty field is NULL, a quoted
 one the empty string, and no line can be a lone ``\\.``. Every name is composed with
@@ -37,7 +42,8 @@ from ingest.core.mapping.columnar import StagedColumn
 from ingest.sinks.postgres.settings import PostgresSinkSettings
 from ingest.sinks.postgres.statements import UpsertStatements, stage_name, table_ident
 
-_STAGE_TYPE = {"int": "int8", "text": "text", "decimal": "text", "epoch_ms": "int8"}
+_STAGE_TYPE = {"int": "int8", "text": "text", "numeric": "text", "timestamp": "int8", "float": "float8",
+               "bool": "boolean", "json": "text"}
 
 
 class ColumnarStatements:
@@ -46,6 +52,8 @@ class ColumnarStatements:
     def __init__(self, cfg: PostgresSinkSettings, columns: Sequence[StagedColumn]) -> None:
         if [c.name for c in columns] != list(cfg.columns):
             raise ValueError("the columnar plan's columns are not the sink's")
+        if any(c.kind not in _STAGE_TYPE for c in columns):
+            raise ValueError("the columnar plan stages a column PostgreSQL's columnar write does not take")
         target = table_ident(cfg.db_schema, cfg.table)
         stage = sql.Identifier(stage_name(cfg.db_schema, cfg.table) + "_c")
         ident = sql.Identifier
@@ -58,11 +66,11 @@ class ColumnarStatements:
         selects = []
         for c in columns:
             full = pg_base_type(cfg.columns[c.name].type)[1]
-            if c.kind == "decimal":
+            if c.kind in ("numeric", "json"):
                 selects.append(sql.SQL("{}::{}").format(ident(c.name), sql.SQL(full)))
-            elif c.kind == "epoch_ms":
+            elif c.kind == "timestamp":
                 epoch = sql.SQL("'epoch'::timestamptz" if c.aware else "'epoch'::timestamp")
-                selects.append(sql.SQL("{} + {} * interval '1 millisecond'").format(epoch, ident(c.name)))
+                selects.append(sql.SQL("{} + {} * interval '1 microsecond'").format(epoch, ident(c.name)))
             else:
                 selects.append(ident(c.name))
         conflict = UpsertStatements._conflict_clause(cfg, target, sql.SQL(""))

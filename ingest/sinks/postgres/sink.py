@@ -193,13 +193,12 @@ class PostgresSink:
     def use_columnar(self, columns: Sequence[StagedColumn]) -> None:
         """Prepare :meth:`write_columns` for a columnar plan's columns (before the first write: each
         pooled connection creates its stage when it opens). Raises ValueError, saying why, when they are
-        not this table's columns or the table is written by rows (deletes, a version column)."""
+        not this table's columns or the table is written by rows (deletes). A version column's guard
+        (``EXCLUDED.v >= t.v``) is the row path's own conflict clause."""
         if self._deletes is not None:
             raise ValueError("a table whose records delete is written by rows")
         if self._children:
             raise ValueError("a table with exploded child rows is written by rows")
-        if self._cfg.version_column is not None:
-            raise ValueError("a version column's conditional upsert is written by rows")
         self._columnar = ColumnarStatements(self._cfg, columns)
 
     def encode_columns(self, table: Any) -> Any:
