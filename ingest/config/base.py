@@ -175,6 +175,10 @@ class SinkSettingsBase(Frozen):
         parent), or None when they can. Default: a sink kind that does not say it can, cannot."""
         return f"sink kind {self.kind!r} writes no child tables"
 
+    def check_explode(self, explode: Any) -> None:
+        """Raise ValueError when this sink cannot write ``explode``'s child table as configured (beyond
+        :meth:`explode_refusal`, which is about the parent); default: it can."""
+
     def child_table(self, table: str, columns: dict[str, ColumnSpec], key: list[str]) -> SinkSettingsBase:
         """The settings of an ``explode`` step's child table beside this sink's: the same database and
         connection settings; ``table``, ``columns`` (this kind's column specs, plus the hidden columns the

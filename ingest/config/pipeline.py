@@ -378,10 +378,13 @@ class PipelineSettings(Frozen):
                 raise ValueError(f"transforms[{i}].explode.table: two explode steps write {e.table!r}")
             try:
                 self.explode_sink(e)
+                self.sink.check_explode(e)
             except ValidationError as exc:
                 problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
                                      for err in exc.errors())
                 raise ValueError(f"transforms[{i}].explode: {problems}") from None
+            except ValueError as exc:
+                raise ValueError(f"transforms[{i}].explode: {exc}") from None
         return self
 
     @property

@@ -399,3 +399,25 @@ def test_check_migrate_and_replay_after_a_fix_write_parent_and_children_once(kaf
     res = run_ingest(["replay-dlq", "--config", fixed, "--pipeline", PIPELINE], timeout_s=120, log_dir=tmp_path)
     assert res.returncode == 0 and "replayed 0," in res.stdout, res.stdout
     assert items_table(pg_dsn) == want
+
+
+def test_children_follow_a_parent_whose_key_the_database_rounds(pg_dsn: str) -> None:
+    """A parent key of a rounding type (numeric(10,2) given 3 decimals, timestamptz(3) given µs): the
+    parent the upsert applied is told by its source columns, not by its key coming back unchanged."""
+    step = explode_step()
+    step["explode"]["columns"]["order_id"] = {"type": "numeric(10,2)"}
+    step["explode"]["conflict_key"] = ["order_id", "line_no"]
+    settings = PipelineSettings.model_validate(pipeline(pg_dsn, transforms=[step], sink={
+        "conflict_key": ["id", "at"], "columns": {"id": {"type": "numeric(10,2)"}, "at": {"type": "timestamptz(3)"},
+                                                  "total": {"type": "numeric(12,2)"}}}))
+    w = Writer(settings)
+    try:
+        rows = [w.mapper.map(Record("orders-topic", 0, 1, None, json.dumps(
+            {"id": "12.345", "at": "2025-01-01T00:00:00.123456Z", "total": "1",
+             "items": [{"sku": "a", "qty": 1}, {"sku": "b", "qty": 2}]}).encode(), 0))[0]]
+        w.sink.write(rows)
+    finally:
+        w.sink.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        got = conn.execute(f'SELECT order_id::text, line_no, sku FROM "{ITEMS}" ORDER BY 2').fetchall()
+    assert got == [("12.35", 1, "a"), ("12.35", 2, "b")]

@@ -156,3 +156,14 @@ def test_clickhouse_children_mark_the_stale_ones_and_skip_late_parents() -> None
     rows = [dict(zip(names, r)) for r in out]
     assert [(r["order_id"], r["line_no"], r["sku"], r["_ingest_deleted"], r["_version"]) for r in rows] == [
         (1, 0, "a", 0, 9), (1, 1, "", 1, 9)]
+
+
+def test_clickhouse_explode_refuses_columns_that_do_not_come_back_as_mapped() -> None:
+    """A DateTime64 in the parent's sorting key or the child's key comes back from ClickHouse as a datetime
+    (the mapper's value is its ticks): explode could not tell a child it reads back from one it wrote."""
+    base = pipeline(explode(columns={"order_id": {"type": "Int64"}, "line_no": {"type": "Int32"},
+                                     "sku": {"type": "String"}, "qty": {"type": "Nullable(Int32)"}}))
+    sink = {"kind": "clickhouse", "table": "orders", "order_by": ["id", "at"],
+            "columns": {"id": {"type": "Int64"}, "at": {"type": "DateTime64(3)"}}}
+    with pytest.raises(ValidationError, match=r"transforms\[0\]\.explode: sink.order_by: column 'at' is DateTime64"):
+        PipelineSettings.model_validate(base | {"sink": sink, "dlq": {"kind": "kafka", "topic": "d"}})

@@ -5,7 +5,8 @@ write here: a batch's inserts are retried until they all landed, and the records
 committed only after the last of them; a crash in between replays the records, and rewriting rows
 that did land is harmless (ReplacingMergeTree keeps one row per key, the insert tokens drop
 retried inserts). A reader can see a parent's new children before the parent row itself: the child
-inserts go first and the parent row last.
+inserts go first and the parent row last. A parent row ClickHouse refuses on its own (a constraint)
+after its children landed is dead-lettered with them in place: no transaction can take them back.
 
 For the batch's parents (FamilyRows whose step applied), per child table:
 

@@ -136,6 +136,21 @@ class ClickHouseSinkSettings(SinkSettingsBase):
             return "explode does not combine with sink.version_column yet (children are versioned by offset)"
         return None
 
+    def check_explode(self, explode: Any) -> None:
+        """The values ingest compares with what it reads back from ClickHouse (the parent's sorting key,
+        the child's key and its parent link) must come back as the mapper makes them: integer, text,
+        decimal and UUID columns (a DateTime64 comes back as a datetime, the mapper's is its ticks)."""
+        child = self.child_table(explode.table, dict(explode.columns), list(explode.conflict_key))
+        for where, cfg, names in (("sink.order_by", self, self.order_by),
+                                  ("explode.conflict_key", child, explode.conflict_key),
+                                  ("explode.parent", child, list(explode.parent))):
+            for name in names:
+                t = cfg.ch_types[name]
+                t = t.inner if t.kind in ("nullable", "lowcardinality") and t.inner is not None else t
+                if t.kind not in _EXPLODE_COMPARABLE:
+                    raise ValueError(f"{where}: column {name!r} is {cfg.ch_types[name].name}; with explode on "
+                                     f"ClickHouse these columns must be integer, String, Decimal or UUID columns")
+
     def child_table(self, table: str, columns: dict[str, Any], key: list[str]) -> ClickHouseSinkSettings:
         """See :meth:`SinkSettingsBase.child_table`: ordered by ``key``, versioned by offset (the
         hidden ``_version``), in this sink's database."""
@@ -161,6 +176,10 @@ class ClickHouseSinkSettings(SinkSettingsBase):
         return {name: ch_type(spec.type) for name, spec in self.columns.items()}
 
 
+
+
+#: ClickHouse column kinds whose values come back from a query as the mapper makes them (explode compares them)
+_EXPLODE_COMPARABLE = frozenset(("int", "string", "decimal", "uuid"))
 
 
 def _zero(t: ChType) -> Any:

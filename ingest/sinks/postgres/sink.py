@@ -38,7 +38,7 @@ from ingest.sinks.base import InTransaction, RowSource
 from ingest.errors import PermanentError
 from ingest.sinks.postgres.children import ChildTable
 from ingest.sinks.postgres.columnar import ColumnarStatements, csv_bytes
-from ingest.sinks.postgres.settings import PostgresSinkSettings
+from ingest.sinks.postgres.settings import OFFSET_COLUMN, STREAM_COLUMN, PostgresSinkSettings
 from ingest.sinks.postgres.statements import (
     DeleteStatements,
     UpsertStatements,
@@ -94,9 +94,12 @@ class PostgresSink:
         self._deletes = DeleteStatements(cfg, deletes) if deletes is not None else None
         self._sql = UpsertStatements(cfg, self._deletes)
         names = list(cfg.columns)
-        self._key_index = tuple(names.index(k) for k in cfg.conflict_key)
-        self._returning_keys = sql.SQL("{} RETURNING {}").format(
-            self._sql.insert_from_stage, sql.SQL(", ").join(sql.Identifier(k) for k in cfg.conflict_key))
+        #: explode: the parents the upsert applied, told by the source columns it returns (bigints that come
+        #: back exactly as sent: a key of a rounding type -- numeric(p,s), timestamptz(p) -- would not)
+        self._source_index = ((names.index(STREAM_COLUMN), names.index(OFFSET_COLUMN))
+                              if STREAM_COLUMN in names and OFFSET_COLUMN in names else None)
+        self._returning_sources = sql.SQL("{} RETURNING {}, {}").format(
+            self._sql.insert_from_stage, sql.Identifier(STREAM_COLUMN), sql.Identifier(OFFSET_COLUMN))
         self._expired_at = 0.0  # monotonic time of the last tombstone expiry
         self._pool_size = max(1, cfg.pool_size or pool_size)
         self._name = name
@@ -376,11 +379,12 @@ class PostgresSink:
                     cur.execute(upsert.insert_from_stage)
                     self.statements += 2
                     return
-                # Children follow only the parents the upsert applied (its guard may skip a late writer's).
-                cur.execute(self._returning_keys)
+                # Children follow only the parents the upsert applied (its guard may skip a late writer's):
+                # each collapsed row has its own record, so (stream, offset) names it exactly.
+                cur.execute(self._returning_sources)
                 applied = set(cur.fetchall())
-                key_index = self._key_index
-                parents = [row for row in rows if tuple(row[i] for i in key_index) in applied]
+                stream_at, offset_at = self._source_index  # type: ignore[misc]
+                parents = [row for row in rows if (row[stream_at], row[offset_at]) in applied]
                 for child in self._children:  # in the parents' transaction (module .children)
                     self.child_rows_written += child.write(cur, parents)
                 self.statements += 2 + 2 * len(self._children)
