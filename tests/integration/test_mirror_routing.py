@@ -274,3 +274,45 @@ def test_a_row_one_table_refuses_is_isolated_and_the_other_tables_are_written(ka
         res = run_ingest(["replay-dlq", "--config", config, "--pipeline", PIPELINE], timeout_s=120, log_dir=tmp_path)
         assert res.returncode == 0 and f"replayed {replayed}," in res.stdout, res.stdout + res.stderr
     assert sink_names(pg_dsn) == {"acme": {1, 3, 200}, "beta": {4, 5}, "gamma": {6}}
+
+
+def test_a_role_that_may_only_write_its_tables_writes_them(pg_dsn: str) -> None:
+    """Tables made beforehand, and a role with DML (and TEMP) rights only: routing runs no DDL for a
+    table that is there with its columns, so it needs no CREATE or ownership (it failed before)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from ingest.cdc.mapper import mapper_for
+    from ingest.config import PipelineSettings
+    from ingest.sinks.registry import backend
+    from ingest.types import Record
+
+    role = f"writer_{random.randrange(10**9)}"
+    db = conninfo_to_dict(pg_dsn)["dbname"]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for t in ("acme", "beta"):
+            conn.execute(f'CREATE TABLE "{t}" (id bigint PRIMARY KEY, name text, _ingest_stream bigint, '
+                         '_ingest_offset bigint)')
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+        conn.execute(f'GRANT CONNECT, TEMP ON DATABASE "{db}" TO {role}')
+        conn.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE ON acme, beta TO {role}")
+    try:
+        dsn = make_conninfo(pg_dsn, user=role, password="pw")
+        p = PipelineSettings.model_validate({
+            "name": PIPELINE, "topics": ["t"], "dlq": {"kind": "kafka", "topic": "d"},
+            "sink": {"dsn": dsn, "table": "{header.tenant}", "conflict_key": ["id"],
+                     "columns": {"id": {"type": "bigint"}, "name": {"type": "text"}}}})
+        m = mapper_for(p)
+        sink = backend("postgres").build(p, lanes=1)
+        try:
+            sink.write([m.map(Record("t", 0, i, None, json.dumps({"id": i, "name": "x"}).encode(), 0,
+                                     (("tenant", t.encode()),)))[0] for i, t in enumerate(["acme", "beta", "acme"])])
+        finally:
+            sink.close()
+        assert sink_names(pg_dsn) == {"acme": {0, 2}, "beta": {1}}
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f"REVOKE ALL ON acme, beta FROM {role}")
+            conn.execute(f"REVOKE ALL ON SCHEMA public FROM {role}")
+            conn.execute(f'REVOKE ALL ON DATABASE "{db}" FROM {role}')
+            conn.execute(f"DROP ROLE {role}")

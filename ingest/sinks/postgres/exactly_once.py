@@ -233,9 +233,11 @@ class ExactlyOnceWriter:
     def __call__(self, lane: int, items: Sequence[Item]) -> ExactlyOnceResult:
         """Raises TransientError (the whole transaction rolled back: retry) or UnclassifiedError."""
         try:
-            with translate() as t, self._sink.connection() as conn, conn.transaction():
+            with translate() as t, self._sink.connection() as conn:
                 t.conn = conn
-                return self._in_transaction(conn, lane, items)
+                self._sink.before_transaction(conn, [item.row for item in items])
+                with conn.transaction():
+                    return self._in_transaction(conn, lane, items)
         except PermanentError as err:
             # Outside the savepoints (offsets, DLQ rows) nothing is the data's fault: retry.
             raise TransientError(str(err), sqlstate=err.sqlstate, error_class="exactly_once_tx") from err

@@ -83,6 +83,8 @@ class PostgresSink:
         #: routed: the SQL of each table seen so far (composed once), after its table was ensured
         self._tables: dict[str, _Table] = {}
         self._tables_lock = threading.Lock()
+        self._table_locks: dict[str, threading.Lock] = {}
+        self._routes = 0  # the next routed table's number in the shared stage
         #: routed: the tables whose stage each pooled connection has (created outside a transaction)
         self._staged: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
         #: routed without deletes: one stage per session for every table (rows carry their table's number)
@@ -185,8 +187,7 @@ class PostgresSink:
         with translate() as t:
             with self.connection() as conn:
                 t.conn = conn
-                if self._routed and rows:
-                    self._stage_tables(conn, {table_of(row) for row in rows})
+                self.before_transaction(conn, rows)
                 with conn.transaction():
                     if rows:
                         self.write_rows_in(conn, rows)
@@ -323,6 +324,15 @@ class PostgresSink:
             cur.execute(sql.SQL("; ").join([*(t.sql.insert_from_stage for t in tables.values()), shared.clear_stage]))
             self.statements += 2
 
+    def before_transaction(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...] | None]) -> None:
+        """What a batch of ``rows`` needs before its transaction opens (autocommit; ``None`` rows are
+        skipped): routed, each table ensured (DDL never runs inside a batch's transaction, where it would
+        hold the table's lock, or wait on another writer's, for the batch's whole life) and its stage."""
+        if self._routed:
+            tables = {table_of(row) for row in rows if row is not None}
+            if tables:
+                self._stage_tables(conn, tables)
+
     def _stage_tables(self, conn: psycopg.Connection[Any], tables: set[str]) -> None:
         """Before a routed batch's transaction (autocommit): each table ensured and its session stage
         created, once per pooled connection -- committed at once, so a batch that rolls back cannot
@@ -348,14 +358,18 @@ class PostgresSink:
         t = self._tables.get(name)
         if t is not None:
             return t
-        with self._tables_lock:
+        with self._tables_lock:  # one lock per table name: a table's DDL never holds up the others
+            lock = self._table_locks.setdefault(name, threading.Lock())
+        with lock:
             t = self._tables.get(name)
             if t is None:
                 cfg = self._cfg.model_copy(update={"table": name})
                 deletes = DeleteStatements(cfg, self._delete_settings) if self._delete_settings is not None else None
                 ensure_routed_table(cfg, deletes)
-                route = len(self._tables)
                 shared = stage_name(self._cfg.db_schema, self._cfg.table) if self._shared is not None else None
+                with self._tables_lock:
+                    route = self._routes
+                    self._routes += 1
                 upsert = UpsertStatements(cfg, deletes, shared_stage=shared, route=route if shared else None)
                 t = self._tables[name] = _Table(cfg, upsert, deletes, route)
             return t
@@ -450,21 +464,50 @@ class _Table:
     _expired_at: float = 0.0
 
 
+#: How long a routed table's DDL waits for a lock before it gives up (the batch's retries take it again):
+#: never queued for long ahead of readers behind a long transaction, never stuck on one.
+ROUTED_DDL_LOCK_TIMEOUT_MS = 5_000
+
+
 def ensure_routed_table(cfg: PostgresSinkSettings, deletes: DeleteStatements | None) -> None:
-    """Create a routed table (and its tombstone table) if missing, idempotently: on its own connection,
-    under a transaction-level advisory lock on the schema, so two processes or lanes creating tables
-    at once take turns and the second finds the table made (``IF NOT EXISTS``) instead of failing on
-    the catalog. Raises TransientError / PermanentError (:func:`translate`), which the batch's retries
-    and isolation handle like any write error."""
-    statements = sink_table_sql(cfg)
-    if deletes is not None:
-        statements.append(deletes.create_tombstones)
-        if deletes.soft_column_ddl is not None:
-            statements.append(deletes.soft_column_ddl)
-    network = cfg.network.model_copy(update={"client_timeout_ms": 0})  # DDL may wait for locks
+    """Create a routed table (and its tombstone table) if missing, idempotently, on its own connection.
+
+    A table that exists with every column (and its tombstone table, with deletes) is left alone: no DDL,
+    so no lock on it and no privilege beyond writing it. Otherwise, under a transaction-level advisory
+    lock on the schema (two processes or lanes creating tables at once take turns; the second finds
+    the table made: ``IF NOT EXISTS``), with a lock timeout: a table another session holds makes this
+    fail fast, and the batch's retries try again. Raises TransientError / PermanentError
+    (:func:`translate`), which the batch's retries and isolation handle like any write error."""
+    network = cfg.network.model_copy(update={"client_timeout_ms": 0})  # DDL may wait (bounded by lock_timeout)
     with translate() as t, connect(cfg.dsn.get_secret_value(), network, autocommit=True) as conn:
         t.conn = conn
+        if _routed_table_ready(conn, cfg, deletes):
+            return
+        statements = sink_table_sql(cfg)
+        if deletes is not None:
+            statements.append(deletes.create_tombstones)
+            if deletes.soft_column_ddl is not None:
+                statements.append(deletes.soft_column_ddl)
         with conn.transaction():
+            conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(ROUTED_DDL_LOCK_TIMEOUT_MS)))
             conn.execute("SELECT pg_advisory_xact_lock(%s)", [lock_key(cfg.db_schema, "")])
             for statement in statements:
                 conn.execute(statement)
+
+
+def _routed_table_ready(conn: psycopg.Connection[Any], cfg: PostgresSinkSettings,
+                        deletes: DeleteStatements | None) -> bool:
+    """The table exists with every column the sink writes (and, with deletes, its tombstone table and
+    soft-delete column): a catalog read, no lock."""
+    wanted = set(cfg.columns)
+    if deletes is not None and deletes.soft_column is not None:
+        wanted.add(deletes.soft_column)
+    found = {r[0] for r in conn.execute(
+        "SELECT a.attname FROM pg_attribute a WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 "
+        "AND NOT a.attisdropped", [sql.Identifier(cfg.db_schema, cfg.table).as_string(conn)]).fetchall()}
+    if not wanted <= found:
+        return False
+    if deletes is not None:
+        tomb = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [deletes.tombstones.as_string(conn)]).fetchone()
+        return bool(tomb and tomb[0])
+    return True
