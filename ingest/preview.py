@@ -82,10 +82,11 @@ def preview(settings: Any, p: PipelineSettings, records: Iterable[Record]) -> Pr
             continue
         # the sink's hidden bookkeeping columns (_ingest_*) are not the user's: not shown
         values = {n: v for n, v in zip(names, row, strict=False) if not n.startswith(_HIDDEN_PREFIX)}
-        if isinstance(row, DeleteRow):
-            report.rows.append({**where, "delete": values})
+        entry = {**where, "delete": values} if isinstance(row, DeleteRow) else {**where, "row": values}
+        if p.routes_tables:  # the row's table rides at its end (ingest.mirror.router)
+            report.children.setdefault(row[-1], []).append(entry)
         else:
-            report.rows.append({**where, "row": values})
+            report.rows.append(entry)
         for (explode, child_names), family in zip(explodes, getattr(row, "families", ()), strict=False):
             if family is None:
                 continue

@@ -54,9 +54,9 @@ def _routed_tables(settings: object, p: object) -> None:
     except ServiceUnreachable as exc:
         typer.echo(f"warn {p.name}: topics not listed ({exc}): each table is created by the run")  # type: ignore[attr-defined]
         return
-    routes = tables_of_topics(p, topics)
     sink = build_sink(p, lanes=1)  # type: ignore[arg-type]
     try:
+        routes = tables_of_topics(p, topics, sink.existing_tables())  # type: ignore[attr-defined]
         for topic, table, why in routes:
             if table is None:
                 typer.echo(f"warn {p.name}: topic {topic} cannot be routed: {why}")  # type: ignore[attr-defined]

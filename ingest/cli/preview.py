@@ -80,14 +80,15 @@ def preview(
             typer.echo(f"{kind:<8} {_where(entry)} {_rest(kind, entry, report.table)}")
     for table, entries in report.children.items():
         for entry in entries:
-            if "row" in entry:
+            if "row" in entry or "delete" in entry:
                 typer.echo(f"{'row':<8} {_where(entry)} {_rest('row', entry, table)}")
             else:
                 typer.echo(f"{'replace':<8} {_where(entry)} {table}: the other children of "
                            f"{orjson.dumps(entry['replaces_children_of'], default=str).decode()} are deleted")
-    children = "".join(f", {sum(1 for e in entries if 'row' in e)} rows for {table}"
+    children = "".join(f", {sum(1 for e in entries if 'row' in e or 'delete' in e)} rows for {table}"
                        for table, entries in report.children.items())
-    typer.echo(f"{len(report.rows)} rows for {report.table}{children}, {len(report.filtered)} filtered, "
+    own = "" if "{" in report.table else f"{len(report.rows)} rows for {report.table}"
+    typer.echo(f"{(own + children).lstrip(', ') or '0 rows'}, {len(report.filtered)} filtered, "
                f"{len(report.errors)} errors, {len(report.skipped)} without a row")
 
 

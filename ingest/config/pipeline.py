@@ -320,7 +320,8 @@ class PipelineSettings(Frozen):
         except TemplateError as exc:
             raise ValueError(f"sink.table: {exc}") from None
         if template.is_constant:
-            return self
+            raise ValueError("sink.table: '{{' and '}}' stand for braces in a template only; a table name "
+                             "without placeholders is written as it is (without doubled braces)")
         if template.uses_source and self.envelope == "none":
             raise ValueError("sink.table: {source.FIELD} reads a change event's source block: set envelope debezium")
         if self.sink.kind not in ("postgres", "clickhouse"):

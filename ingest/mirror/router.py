@@ -120,23 +120,25 @@ class TableRouter:
         return sorted(set(self._names.values()))
 
 
-def tables_of_topics(p: Any, topics: list[str]) -> list[tuple[str, str | None, str | None]]:
+def tables_of_topics(p: Any, topics: list[str], existing: list[str] = ()) -> list[tuple[str, str | None, str | None]]:  # type: ignore[assignment]
     """``(topic, table, why not)`` for each of ``topics`` that pipeline ``p`` reads (``p.topic_selector``),
     when its table template reads the topic only (``{topic}`` and pattern groups; else ``[]``): the table
-    the topic's records go to, or why they cannot be routed."""
+    the topic's records go to, or why they cannot be routed (a second spelling of a name, among the
+    topics or beside the ``existing`` tables, included)."""
     template = p.table_template
     if template.uses_source or any(part.kind == "header" for part in template.parts):
         return []
     selector = p.topic_selector
     out: list[tuple[str, str | None, str | None]] = []
     reserved = Reserved(p.dlq.table)
+    guard = NameGuard(p.sink.kind, existing)  # two topics whose names fold to one: the first owns it
     for topic in selector.select(topics):
         try:
             rendered = template.render(topic, groups=pattern_groups(selector, topic))
-            out.append((topic, sanitize_table(rendered, p.sink.kind, reserved=reserved,
-                                              database=getattr(p.sink, "database", "default"),
-                                              suffixes=(TOMBSTONE_SUFFIX,) if p.has_deletes and
-                                              p.sink.kind == "postgres" else ()), None))
+            name = sanitize_table(rendered, p.sink.kind, reserved=reserved,
+                                  database=getattr(p.sink, "database", "default"),
+                                  suffixes=(TOMBSTONE_SUFFIX,) if p.has_deletes and p.sink.kind == "postgres" else ())
+            out.append((topic, guard.claim(name), None))
         except Unroutable as exc:
             out.append((topic, None, exc.message))
     return out

@@ -123,6 +123,9 @@ class Replayer:
         self._apply_unordered = apply_unordered
         self.on_progress = on_progress
         self._mapper = mapper_for(pipeline, decoder=decoder, key_decoder=key_decoder)
+        existing_tables = getattr(sink, "existing_tables", None)
+        if pipeline.routes_tables and existing_tables is not None:  # the case guard knows the tables there
+            self._mapper.router.seed_from(existing_tables)
         #: fetches the schemas a chunk names (registry formats) before it is mapped
         self._prepare = prepare_all(decoder, key_decoder)
         self._rule = pipeline.collapse_rule()

@@ -99,3 +99,31 @@ def test_collapse_leaves_one_row_per_table_and_key_the_last(records: list[tuple[
     for i, (t, k) in enumerate(records):
         last[(t, k)] = str(i)
     assert {(table_of(g[0].row), g[0].row[0]): g[0].row[1] for g in groups} == last
+
+
+def test_preview_shows_each_row_under_its_table() -> None:
+    from ingest.config import Settings
+    from ingest.preview import preview
+
+    p = settings("{t}")
+    report = preview(Settings.model_validate({"pipelines": [p.model_dump(by_alias=True)]}), p, [
+        record("shop.public.orders", {"id": 1, "v": "a"}), record("shop.public.items", {"id": 2, "v": "b"}),
+        record("elsewhere", {"id": 3})])
+    tables = report.as_dict()["tables"]
+    assert {t: [e["row"] for e in rows] for t, rows in tables.items() if rows} == {
+        "orders": [{"id": 1, "v": "a"}], "items": [{"id": 2, "v": "b"}]}
+    assert [e["error_class"] for e in report.errors] == ["unroutable"]
+
+
+def test_the_tables_of_topics_refuse_a_second_spelling() -> None:
+    from ingest.mirror.router import tables_of_topics
+
+    got = tables_of_topics(settings("{t}"), ["shop.public.Acme", "shop.public.acme", "shop.public.b"], ["B"])
+    assert [(t, table) for t, table, _ in got] == [("shop.public.Acme", "Acme"), ("shop.public.acme", None),
+                                                   ("shop.public.b", None)]
+    assert all("only in case" in why for _, table, why in got if table is None)
+
+
+def test_braces_outside_a_template_are_refused() -> None:
+    with pytest.raises(ValidationError, match="stand for braces in a template only"):
+        settings("orders{{v2}}")

@@ -66,6 +66,11 @@ def migrate_postgres(p: PipelineSettings) -> list[str]:
     if p.routes_tables:  # each table is created when its first record arrives (PostgresSink, routed)
         execute_ddl(dsn, what, [sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(cfg.db_schema)),
                                 offsets_table_sql(cfg.db_schema)], cfg.network)
+        try:
+            with connect(dsn, cfg.network.model_copy(update={"client_timeout_ms": 0}), autocommit=True) as conn:
+                _lane_offsets_keyed_by_routing(conn, cfg.db_schema)
+        except psycopg.Error as exc:
+            raise MigrationError(f"{what}: the database rejected the DDL: {classify(exc)}") from None
         return [f"{p.name}: tables {cfg.db_schema}.{cfg.table} (each created when its first record arrives)",
                 f"{p.name}: table {cfg.db_schema}.{OFFSETS_TABLE}"]
     ddl = sink_table_sql(cfg) + [offsets_table_sql(cfg.db_schema)]
