@@ -6,7 +6,8 @@ subscription and a table template, side by side in one run.
 Starts an embedded broker (Tansu) and uses ``$INGEST_PG_DSN`` or an embedded PostgreSQL (pgserver).
 Produces the benchmark's JSON records (bench/common.py's ``event``, ~110 B, a third of them updates)
 twice: all into one topic, and each into topic ``<prefix>.t<key % tables>`` (the same keys and
-values, so the same rows, spread over ``tables`` topics of 6 partitions each; a key in one table). Then runs
+values, so the same rows, spread over ``tables`` topics of 6 partitions each; a key in one table; the
+one topic has as many partitions as the N together, so batches collapse alike). Then runs
 ``ingest run --until-idle`` (one process, one lane), ``--rounds`` times interleaved:
 
   one table        topics: [the one topic], sink.table: a name (the default write tier: columnar)
@@ -39,7 +40,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import create_topic, event, run_measured, send_all  # noqa: E402
+from common import PARTITIONS, create_topic, event, run_measured, send_all  # noqa: E402
 from pg_pipeline import COLUMNS, run_command  # noqa: E402
 
 from ingest.embedded import start_all  # noqa: E402
@@ -137,8 +138,10 @@ def main() -> None:
         bootstrap, dsn = services.bootstrap, services.pg_dsn
         tag = uuid.uuid4().hex[:8]
         one_topic, prefix, idle_prefix = f"bench-m-{tag}", f"benchm{tag}", f"benchmidle{tag}"
-        create_topic(bootstrap, one_topic)
-        create_topic(bootstrap, f"{idle_prefix}-one")
+        # as many partitions as the N topics together: a batch then holds records of as many keys, and
+        # collapses as many, in both layouts (a key's records are in one partition either way)
+        create_topic(bootstrap, one_topic, PARTITIONS * args.tables)
+        create_topic(bootstrap, f"{idle_prefix}-one", PARTITIONS * args.tables)
         for t in range(args.tables):
             create_topic(bootstrap, f"{prefix}.t{t}")
             create_topic(bootstrap, f"{idle_prefix}.t{t}")
