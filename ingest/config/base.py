@@ -84,6 +84,16 @@ class PgNetworkSettings(Frozen):
             return self.client_timeout_ms / 1000.0 if self.client_timeout_ms else None
         return (statement_timeout_ms + 5_000) / 1000.0 if statement_timeout_ms else 65.0
 
+    def idle_in_transaction_ms(self, statement_timeout_ms: int) -> int:
+        """The ``idle_in_transaction_session_timeout`` ingest sets on its sessions (0: off): the client-side
+        bound. A connection that went silent in the middle of a transaction leaves its server session
+        behind, holding the transaction's row locks while it waits for a client that is gone (the server
+        notices a dead peer only by its own TCP keepalives, two hours by default); every retry of the
+        batch on a new connection would then wait on those locks. Ingest never idles in a transaction
+        longer than one wait on the server, so the server may end such a session after that long."""
+        bound = self.client_timeout_s(statement_timeout_ms)
+        return 0 if bound is None else int(bound * 1000)
+
     def libpq_params(self) -> dict[str, int]:
         """The libpq connection parameters these settings stand for."""
         return {

@@ -111,6 +111,9 @@ class PostgresDlq:
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         # A locked or stalled DLQ table surfaces as a (retried, logged) timeout instead of a silent wait.
         conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(self._statement_timeout_ms)))
+        # a session left behind by a connection that went silent mid-transaction releases its locks
+        conn.execute(sql.SQL("SET idle_in_transaction_session_timeout = {}").format(
+            sql.Literal(self._network.idle_in_transaction_ms(self._statement_timeout_ms))))
         conn.commit()
 
     def put(self, entries: Sequence[DlqEntry]) -> None:

@@ -177,3 +177,47 @@ def test_refused_connections_at_start_are_retried_until_the_database_is_back(kaf
         assert count_rows(pg_dsn) == 0
         proxy.heal()
         _finish_and_check(proc, kafka_bootstrap, topic, group_id, pg_dsn)
+
+
+def test_a_session_left_idle_in_a_transaction_releases_its_locks(pg_dsn):
+    """A connection that goes silent mid-transaction leaves its server session holding the transaction's
+    row locks (the server hears nothing of the client's close). Ingest's sessions carry
+    idle_in_transaction_session_timeout = the client bound, so the server ends such a session and a
+    retry on a new connection can write the row (without it the retry waited on the lock for ever).
+    The left-behind session is played by a sink connection whose client stops talking mid-transaction."""
+    import contextlib
+
+    import psycopg
+
+    from ingest.config import PipelineSettings
+    from ingest.sinks.registry import backend
+
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        admin.execute("CREATE TABLE locked (id bigint PRIMARY KEY, v text)")
+        admin.execute("INSERT INTO locked VALUES (1, 'before')")
+    p = PipelineSettings.model_validate({"name": "n", "topics": ["t"], "sink": {
+        "dsn": pg_dsn, "table": "locked", "conflict_key": ["id"], "columns": {"id": {"type": "bigint"},
+                                                                              "v": {"type": "text"}},
+        "network": {"client_timeout_ms": CLIENT_TIMEOUT_MS}}})
+    sink = backend("postgres").build(p, lanes=1)
+    try:
+        held = sink.connection()  # a pooled connection, configured as every sink connection is
+        left = held.__enter__()
+        assert left.execute("SHOW idle_in_transaction_session_timeout").fetchone()[0] in (
+            f"{CLIENT_TIMEOUT_MS}ms", f"{CLIENT_TIMEOUT_MS // 1000}s")
+        left.execute("BEGIN")
+        left.execute("UPDATE locked SET v = 'zombie' WHERE id = 1")
+        pid = left.info.backend_pid
+        # the client says nothing more; another session waits for the row until the server ends this
+        # one (its lock_timeout would raise instead if the lock were held for ever)
+        with psycopg.connect(pg_dsn, autocommit=True) as other:
+            other.execute("SET lock_timeout = '20s'")
+            other.execute("UPDATE locked SET v = 'after' WHERE id = 1")
+            gone = other.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()[0]
+        assert gone == 0
+        with contextlib.suppress(psycopg.Error):  # handing it back fails: the server ended its session
+            held.__exit__(None, None, None)
+    finally:
+        sink.close()
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT v FROM locked").fetchone()[0] == "after"

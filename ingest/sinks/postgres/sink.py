@@ -118,6 +118,9 @@ class PostgresSink:
         conn.execute(
             sql.SQL("SET statement_timeout = {}").format(sql.Literal(int(self._cfg.statement_timeout_ms)))
         )
+        # a session left behind by a connection that went silent mid-transaction releases its locks
+        conn.execute(sql.SQL("SET idle_in_transaction_session_timeout = {}").format(
+            sql.Literal(self._cfg.network.idle_in_transaction_ms(self._cfg.statement_timeout_ms))))
         if self._cfg.write_method == "copy" and not self._routed:
             conn.execute(self._sql.create_stage)
         for child in self._children:
