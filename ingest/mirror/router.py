@@ -20,7 +20,7 @@ dropped and never written into another table. Offsets stay the source topic-part
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ingest.core.topics import TopicSelector
@@ -115,12 +115,9 @@ class TableRouter:
         for name in names:
             self._guard.claim_existing(name)
 
-    def known(self) -> list[str]:
-        """The tables routed to so far, sorted."""
-        return sorted(set(self._names.values()))
 
-
-def tables_of_topics(p: Any, topics: list[str], existing: list[str] = ()) -> list[tuple[str, str | None, str | None]]:  # type: ignore[assignment]
+def tables_of_topics(p: Any, topics: Sequence[str],
+                     existing: Sequence[str] = ()) -> list[tuple[str, str | None, str | None]]:
     """``(topic, table, why not)`` for each of ``topics`` that pipeline ``p`` reads (``p.topic_selector``),
     when its table template reads the topic only (``{topic}`` and pattern groups; else ``[]``): the table
     the topic's records go to, or why they cannot be routed (a second spelling of a name, among the

@@ -209,8 +209,6 @@ class ClickHouseSink:
         #: inserts sent, and how many of them as Arrow (for tests and metrics)
         self.inserts = 0
         self.arrow_inserts = 0
-        #: child rows (and delete markers) inserted for explode steps
-        self.child_rows_written = 0
         if client_factory is None and not self._chdb:
             try:
                 version = server_version_http(cfg, timeout_s=min(3.0, cfg.connect_timeout_s))
@@ -416,7 +414,6 @@ class ClickHouseSink:
             client.insert(cfg.table, list(zip(*out)), column_names=child.columns, column_type_names=child.types,
                           database=cfg.database, column_oriented=True, settings=settings)
         self.inserts += 1
-        self.child_rows_written += len(out)
 
     def use_columnar(self, columns: Sequence[StagedColumn]) -> None:
         """Prepare :meth:`write_columns` for a columnar plan's columns. Raises ValueError, saying why,

@@ -91,8 +91,6 @@ class PostgresSink:
         self._shared = (UpsertStatements(cfg, shared_stage=stage_name(cfg.db_schema, cfg.table))
                         if routed and deletes is None else None)
         self._children = tuple(children)
-        #: child rows written (explode steps), for the run summary and tests
-        self.child_rows_written = 0
         self._deletes = DeleteStatements(cfg, deletes) if deletes is not None else None
         self._sql = UpsertStatements(cfg, self._deletes)
         names = list(cfg.columns)
@@ -403,7 +401,7 @@ class PostgresSink:
                 stream_at, offset_at = self._source_index  # type: ignore[misc]
                 parents = [row for row in rows if (row[stream_at], row[offset_at]) in applied]
                 for child in self._children:  # in the parents' transaction (module .children)
-                    self.child_rows_written += child.write(cur, parents)
+                    child.write(cur, parents)
                 self.statements += 2 + 2 * len(self._children)
             else:
                 # One transaction, as many statements as the 65,535 bind parameters of the protocol need.
