@@ -268,6 +268,46 @@ class ChangeMapper:
         """Every tombstone is a :class:`NoChange` here: the pipeline may count them done without mapping."""
         return self._tombstones == "skip" or (self._tombstones == "delete" and not self._tombstone_is_delete)
 
+    def columnar_refusal(self, key_index: tuple[int, ...] | None, version_index: int | None = None) -> str | None:
+        """Why :meth:`columnar_plan` makes no plan -- the first reason -- or None when it makes one."""
+        if not self._debezium:
+            return "deletes by tombstones (envelope: none) are written by rows"
+        if self._transformer is not None:
+            return "a change pipeline's transforms run on the row path"
+        why = self._upserts.columnar_refusal(None, version_index) or self._deletes.columnar_refusal(None, None)
+        if why is not None:
+            return why
+        plan = self._upserts.columnar_plan(None, None)
+        if plan is not None:
+            for i in key_index or ():
+                if plan.columns[i].kind not in ("int", "text") or plan.columns[i].default is not None:
+                    return (f"the key column {plan.columns[i].name!r} is collapsed by the row mapper's values: "
+                            "the tier takes integer and text keys without a default")
+        return None if self.columnar_plan(key_index, version_index) is not None else "its columns cannot be staged"
+
+    def columnar_plan(self, key_index: tuple[int, ...] | None, version_index: int | None = None) -> Any:
+        """A :class:`~ingest.cdc.columnar.ChangePlan` of this mapper's upserts and deletes (Debezium, no
+        transforms, integer or text key columns, the delete columns staged as the upserts' are), or None."""
+        if not self._debezium or self._transformer is not None or not key_index:
+            return None
+        from ingest.cdc.columnar import ChangePlan, timestamp_keys  # imports pyarrow
+        from ingest.core.mapping.columnar import VERSION_KINDS
+
+        upserts = self._upserts.columnar_plan(None, None)
+        deletes = self._deletes.columnar_plan(None, None)
+        if upserts is None or deletes is None:
+            return None
+        kinds = upserts.columns
+        if any(kinds[i].kind not in ("int", "text") or kinds[i].default is not None for i in key_index):
+            return None
+        if version_index is not None and kinds[version_index].kind not in VERSION_KINDS:
+            return None
+        if any(d.kind != kinds[p].kind or d.aware != kinds[p].aware for d, p in zip(deletes.columns, self._positions)):
+            return None
+        fast_columns = self._upserts.columnar_columns()
+        return ChangePlan(self, upserts, deletes, self._positions, key_index, version_index,
+                          timestamp_keys(fast_columns, kinds))
+
     def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
         """``(row, ordering_key)``: an upsert's row or a :class:`DeleteRow`. Raises InvalidRecord, NoChange."""
         if record.value is None:
@@ -277,6 +317,23 @@ class ChangeMapper:
                 doc = self._transformer.apply(record, self._upserts.decode(record))
                 return self._upserts.map_document(record, doc)
             return self._upserts.map(record)
+        op, image = self.change_image(record)
+        if op == "u":
+            return self._upserts.map_document(record, image)
+        if op == "d":
+            return self._delete(record, image)
+        # op "t" (unwrap accepts no other)
+        if self._truncate == "ignore":
+            raise NoChange("truncate ignored")
+        raise InvalidRecord("map", "truncate", "a truncate event (op t) cannot be applied by key; "
+                            "it is dead-lettered (truncate: dlq)")
+
+    def change_image(self, record: Record) -> tuple[str, Any]:
+        """What :meth:`map` maps of a Debezium event with a value: ``("u", image)`` for an upsert (ops
+        ``c``, ``r``, ``u``: the transformed ``after`` image, with the event's ``source`` block under
+        ``@source`` when a column reads it), ``("d", image)`` for a delete (the ``before`` image, or the
+        record key decoded), ``("t", None)`` for a truncate. Raises InvalidRecord (an undecodable value, not
+        a change event). Requires ``envelope: debezium``."""
         change = self._parts.change(record.value) if self._parts is not None else None
         if change is None:
             doc = self._upserts.decode(record)
@@ -290,7 +347,7 @@ class ChangeMapper:
                 image = self._transformer.apply(record, image)
             if self._wants_source:
                 image[_SOURCE_KEY] = change.source
-            return self._upserts.map_document(record, image)
+            return "u", image
         if op == "d":
             if change.before is not None:
                 image = (change.before if self._transformer is None
@@ -299,12 +356,8 @@ class ChangeMapper:
                 image = self._key_document(record)
             if self._wants_source and type(image) is dict:
                 image[_SOURCE_KEY] = change.source
-            return self._delete(record, image)
-        # op "t" (unwrap accepts no other)
-        if self._truncate == "ignore":
-            raise NoChange("truncate ignored")
-        raise InvalidRecord("map", "truncate", "a truncate event (op t) cannot be applied by key; "
-                            "it is dead-lettered (truncate: dlq)")
+            return "d", image
+        return "t", None
 
     def _tombstone(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
         if self._tombstones == "dlq":

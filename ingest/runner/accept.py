@@ -201,7 +201,8 @@ class Acceptor:
         (with one lane by the record's key: there is no row yet), a run of one partition at a time,
         with the per-record work done by C calls over the run where it can be."""
         tracker = self._tracker
-        skip_tombstones = self._settings.effective_tombstones == "skip"
+        skip_tombstones = (self._settings.effective_tombstones == "skip"
+                           or getattr(self._mapper, "skips_tombstones", False))  # as accept() skips them
         self._stats.records_consumed += len(records)
         self._metrics.records_consumed.inc(len(records))
         items: list[Item] = []

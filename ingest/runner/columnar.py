@@ -44,7 +44,7 @@ from typing import Any
 from ingest.config import PipelineSettings
 from ingest.core.mapping import Mapper
 from ingest.core.mapping.columnar import ColumnarPlan
-from ingest.errors import Filtered, InvalidRecord
+from ingest.errors import Filtered, InvalidRecord, NoChange
 from ingest.types import Failure, Item, Record
 
 _record_of = operator.attrgetter("record")
@@ -68,6 +68,11 @@ class ColumnarPlanned:
     poison: list[tuple[Item, Failure]]
     filtered_items: list[Item] = field(default_factory=list)
     filtered: Counter[str] = field(default_factory=Counter)
+    #: records the row mapper handles without a row (a no-op tombstone, an ignored truncate: ingest.cdc),
+    #: done with the batch and counted as ``skipped``, as the row path counts them
+    unchanged: list[Item] = field(default_factory=list)
+    #: of ``rows``, the rows that delete their key (change events: ingest.cdc.columnar)
+    deletes: int = 0
 
 
 class ColumnarTier:
@@ -98,6 +103,7 @@ class ColumnarTier:
         built = self._plan.build(list(map(_record_of, items)) if records is None else records, listed)
         poison: list[tuple[Item, Failure]] = []
         filtered_items: list[Item] = []
+        unchanged: list[Item] = []
         filtered: Counter[str] = Counter()
         if built is not None:
             for label, positions in built.filtered.items():  # dropped by a transform's filter
@@ -109,6 +115,9 @@ class ColumnarTier:
                 except Filtered as exc:  # the row path's transforms drop it: no row, as the plan's filtered
                     filtered[exc.step] += 1
                     filtered_items.append(items[i])
+                    continue
+                except NoChange:  # handled without a row (a no-op tombstone, an ignored truncate)
+                    unchanged.append(items[i])
                     continue
                 if failure is None:  # the row mapper takes it: the whole batch goes by rows
                     built = None
@@ -125,19 +134,26 @@ class ColumnarTier:
         self._review(len(items), built is None)
         if built is None:
             return None
-        return ColumnarPlanned(payload, built.table.num_rows, poison, filtered_items, filtered)
+        table = built.table
+        rows = table.num_rows if table is not None else 0
+        deletes = _deletes(table) if rows else 0
+        return ColumnarPlanned(payload, rows, poison, filtered_items, filtered, unchanged, deletes)
 
-    def map_items(self, items: Sequence[Item]) -> tuple[list[Item], Counter[str]]:
-        """``items`` mapped by the row mapper (:meth:`map_item`) but for those a transform's filter drops,
-        and how many each filter dropped."""
+    def map_items(self, items: Sequence[Item]) -> tuple[list[Item], Counter[str], int]:
+        """``items`` mapped by the row mapper (:meth:`map_item`) but for those a transform's filter drops
+        and those handled without a row (:class:`~ingest.errors.NoChange`), how many each filter dropped,
+        and how many were handled without a row otherwise."""
         mapped: list[Item] = []
         filtered: Counter[str] = Counter()
+        unchanged = 0
         for item in items:
             try:
                 mapped.append(self.map_item(item))
             except Filtered as exc:
                 filtered[exc.step] += 1
-        return mapped, filtered
+            except NoChange:
+                unchanged += 1
+        return mapped, filtered, unchanged
 
     def lane_keys(self, records: Sequence[Record]) -> list[Any]:
         """What each record is routed to a lane by, as the row path routes it, or ``UNROUTED`` where
@@ -166,6 +182,15 @@ class ColumnarTier:
                          "reads, nested values, values of other types)", self._declined, self._offered,
                          extra={"pipeline": self._pipeline})
             self._offered = self._declined = 0
+
+
+def _deletes(table: Any) -> int:
+    """How many rows of a planned table delete (its ``_ingest_deleted`` flag; 0 without one)."""
+    if "_ingest_deleted" not in table.column_names:
+        return 0
+    import pyarrow.compute as pc
+
+    return int(pc.sum(table.column("_ingest_deleted").cast("int64")).as_py() or 0)
 
 
 def _use_system_allocator() -> None:
@@ -206,6 +231,22 @@ def write_tier(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactl
     return "columnar" if why is None and plan is not None else f"rows ({why})"
 
 
+def _deletes_refusal(p: PipelineSettings) -> str | None:
+    """Why a pipeline whose records delete writes by rows, or None: the tier takes Debezium change events
+    with hard deletes into one PostgreSQL table (ingest.cdc.columnar)."""
+    if p.envelope != "debezium":
+        return "deletes by tombstones (envelope: none) are written by rows"
+    if p.sink.kind != "postgres":
+        return f"a {p.sink.kind} table whose records delete is written by rows"
+    if p.deletes.mode != "hard":
+        return "soft deletes are written by rows"
+    if p.routes_tables:
+        return "routed tables whose records delete are written by rows"
+    if p.transforms:
+        return "a change pipeline's transforms run on the row path"
+    return None
+
+
 def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_once: bool,
             mapper: Callable[[], Mapper]) -> tuple[str | None, ColumnarPlan | None, Mapper | None]:
     """``(why not, plan, row mapper)``: why the pipeline writes by rows (the first reason; None when
@@ -218,10 +259,10 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
         why = f"sink kind {p.sink.kind!r} has no columnar write"
     elif exactly_once:
         why = "exactly-once delivery writes by rows"
-    elif p.format != "json" or p.envelope != "none":
-        why = "it reads plain JSON values only"
-    elif p.has_deletes:
-        why = "a pipeline whose records delete writes by rows"
+    elif p.format != "json" or p.envelope not in ("none", "debezium"):
+        why = "it reads JSON values only (plain, or Debezium change events)"
+    elif p.has_deletes and (why := _deletes_refusal(p)) is not None:
+        pass
     elif rule.key_index is not None and (rule.keep != "last" or rule.merge_deletes):
         why = "its collapse rule is not 'the last (or highest-version) record of a key wins'"
     elif importlib.util.find_spec("pyarrow") is None:

@@ -82,6 +82,9 @@ class PipelineStats:
             self.records_mapped -= sum(c.filtered.values())
             for step, n in c.filtered.items():
                 m.filtered(step, n)
+        if c.unchanged:  # handled without a row in a batch mapped at once, counted as ingest.runner.accept does
+            self.skipped += c.unchanged
+            self.records_mapped -= c.unchanged
         if c.queue_wait_s is not None:
             self.queue_waits_s.append(c.queue_wait_s)
         m.batch_rows.observe(c.records)
@@ -90,7 +93,7 @@ class PipelineStats:
         m.rows_written.inc(c.rows_written)
         if c.rows_deleted:
             m.rows_deleted.inc(c.rows_deleted)
-        m.records_done.inc(c.records - sum(c.filtered.values()))  # in the sink or the DLQ
+        m.records_done.inc(c.records - sum(c.filtered.values()) - c.unchanged)  # in the sink or the DLQ
         # m.retries counts each retry as it happens (BatchWriter.on_retry), not here
         m.write_calls.inc(c.write_calls)
         for (stage, error_class), n in c.dead_lettered.items():

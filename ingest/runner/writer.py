@@ -94,6 +94,9 @@ class Completion:
     #: records of the batch a transform's filter dropped, by the filter's label (batches the columnar tier
     #: mapped: the row path drops them before batching); in ``done`` and ``records``
     filtered: Counter[str] = field(default_factory=Counter)
+    #: records of the batch the row mapper handled without a row (ingest.cdc: a no-op tombstone, an ignored
+    #: truncate) in a batch mapped at once: counted as ``skipped``, as the accept loop counts them; in ``done``
+    unchanged: int = 0
     error: BaseException | None = None
 
 
@@ -116,6 +119,8 @@ class PreparedBatch:
     columnar: ColumnarPlanned | None = None
     #: unmapped items mapped here by rows: how many a transform's filter dropped (not in ``items``)
     filtered: Counter[str] = field(default_factory=Counter)
+    #: ... and how many the row mapper handled without a row otherwise (not in ``items``)
+    unchanged: int = 0
 
 
 class BatchWriter:
@@ -211,9 +216,9 @@ class BatchWriter:
             planned = tier.build(items, records, listed)
             if planned is not None:
                 return PreparedBatch(items, size, oldest, done, None, None, planned)
-            items, filtered = tier.map_items(items)
+            items, filtered, unchanged = tier.map_items(items)
             failures, groups = self.plan(items)
-            return PreparedBatch(items, size, oldest, done, failures, groups, filtered=filtered)
+            return PreparedBatch(items, size, oldest, done, failures, groups, filtered=filtered, unchanged=unchanged)
         failures, groups = self.plan(items) if self._exactly_once is None else (None, None)
         return PreparedBatch(items, size, oldest, done, failures, groups)
 
@@ -232,9 +237,11 @@ class BatchWriter:
         result = Completion(lane=lane, reason=reason, records=len(items))
         if prepared.columnar is not None:
             result.filtered = prepared.columnar.filtered
-        elif prepared.filtered:  # not in the items, but in the batch (the in-flight count)
+            result.unchanged = len(prepared.columnar.unchanged)
+        elif prepared.filtered or prepared.unchanged:  # not in the items, but in the batch (the in-flight count)
             result.filtered = prepared.filtered
-            result.records += sum(prepared.filtered.values())
+            result.unchanged = prepared.unchanged
+            result.records += sum(prepared.filtered.values()) + prepared.unchanged
         result.size_bytes = prepared.size_bytes
         result.min_timestamp_ms = prepared.min_timestamp_ms
         retries = [0]
@@ -320,11 +327,12 @@ class BatchWriter:
                     dead_lettered.result()  # durable, or the DLQ's error (retries spent): the batch fails
         if not written:  # by rows, but for the poison records already in the DLQ (and the filtered ones)
             poisoned = {id(item) for item, _ in planned.poison}
-            mapped, _ = tier.map_items([item for item in items if id(item) not in poisoned])
+            mapped, _, _ = tier.map_items([item for item in items if id(item) not in poisoned])
             rest, groups = self.plan(mapped)
             return failures + self._handle_at_least_once(rest, groups, result, retries, grant, scheduled)
         result.write_calls = 1
         result.rows_written = planned.rows
+        result.rows_deleted = planned.deletes
         result.columnar_records = len(items)
         return failures
 
@@ -334,9 +342,10 @@ class BatchWriter:
         by_tp: dict[tuple[str, int], list[int]] = {}
         for (tp, _epoch), offsets in done.items():  # one epoch per partition, but for a rebalance
             by_tp.setdefault((tp.topic, tp.partition), []).extend(offsets)
-        if planned.poison or planned.filtered_items:  # the rows come from the other records
+        if planned.poison or planned.filtered_items or planned.unchanged:  # the rows come from the other records
             left_out: dict[tuple[str, int], set[int]] = {}
-            for item in itertools.chain((item for item, _ in planned.poison), planned.filtered_items):
+            for item in itertools.chain((item for item, _ in planned.poison), planned.filtered_items,
+                                        planned.unchanged):
                 left_out.setdefault((item.record.topic, item.record.partition), set()).add(item.record.offset)
             by_tp = {tp: [o for o in offsets if o not in left_out[tp]] if tp in left_out else offsets
                      for tp, offsets in by_tp.items()}

@@ -449,7 +449,7 @@ def test_the_tier_counts_filtered_records_and_dead_letters_poison() -> None:
     assert planned.filtered == {"no-test": 2} and [i.record.offset for i in planned.filtered_items] == [1, 4]
     assert [(i.record.offset, f.error_class) for i, f in planned.poison] == [(2, "transform_error"),
                                                                               (3, "transform_error")]
-    mapped, filtered = tier.map_items(items)
+    mapped, filtered, _ = tier.map_items(items)
     assert filtered == {"no-test": 2} and [i.record.offset for i in mapped] == [0, 2, 3]
 
 

@@ -362,6 +362,11 @@ class Mapper:
             return f"the version column {name!r} is {full}, not an integer or timestamp column"
         return None
 
+    def columnar_columns(self) -> list[Any]:
+        """The compiled columns a columnar plan reads (:class:`~ingest.core.mapping.fastmap.FastColumn`,
+        in column order), or ``[]`` when no plan can be made."""
+        return list(self._columnar_source[0]) if self._columnar_source is not None else []
+
     def columnar_plan(self, key_index: tuple[int, ...] | None,
                       version_index: int | None = None, *, transform: Any = None) -> ColumnarPlan | None:
         """A :class:`~ingest.core.mapping.columnar.ColumnarPlan` for this mapper's columns (rows

@@ -40,16 +40,22 @@ from psycopg import sql
 from ingest.core.dialects import pg_base_type
 from ingest.core.mapping.columnar import StagedColumn
 from ingest.sinks.postgres.settings import PostgresSinkSettings
-from ingest.sinks.postgres.statements import UpsertStatements, stage_name, table_ident
+from ingest.sinks.postgres.statements import DELETED_FLAG, IMAGE_FLAG, UpsertStatements, stage_name, table_ident
 
 _STAGE_TYPE = {"int": "int8", "text": "text", "numeric": "text", "timestamp": "int8", "float": "float8",
                "bool": "boolean", "json": "text"}
 
 
 class ColumnarStatements:
-    """The SQL of the columnar write for one table, composed once."""
+    """The SQL of the columnar write for one table, composed once.
 
-    def __init__(self, cfg: PostgresSinkSettings, columns: Sequence[StagedColumn]) -> None:
+    With ``row_stage`` (a table whose records delete: :class:`~ingest.sinks.postgres.statements.DeleteStatements`)
+    the CSV also holds the row path's two flag columns, and instead of the upsert, :attr:`transfer` moves
+    the staged rows -- converted by the same expressions -- into the row path's stage, where the row
+    path's own statements (upsert, delete, tombstones) apply them."""
+
+    def __init__(self, cfg: PostgresSinkSettings, columns: Sequence[StagedColumn],
+                 row_stage: UpsertStatements | None = None) -> None:
         if [c.name for c in columns] != list(cfg.columns):
             raise ValueError("the columnar plan's columns are not the sink's")
         if any(c.kind not in _STAGE_TYPE for c in columns):
@@ -57,12 +63,14 @@ class ColumnarStatements:
         target = table_ident(cfg.db_schema, cfg.table)
         stage = sql.Identifier(stage_name(cfg.db_schema, cfg.table) + "_c")
         ident = sql.Identifier
-        defs = sql.SQL(", ").join(sql.SQL("{} {}").format(ident(c.name), sql.SQL(_STAGE_TYPE[c.kind]))
-                                  for c in columns)
+        flags = [DELETED_FLAG, IMAGE_FLAG] if row_stage is not None else []
+        defs = sql.SQL(", ").join([sql.SQL("{} {}").format(ident(c.name), sql.SQL(_STAGE_TYPE[c.kind]))
+                                   for c in columns] + [sql.SQL("{} boolean").format(ident(f)) for f in flags])
         self.create_stage = sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {stage} ({defs}) ON COMMIT DELETE ROWS").format(
             stage=stage, defs=defs)
         names = sql.SQL(", ").join(ident(c.name) for c in columns)
-        self.copy_stage = sql.SQL("COPY {stage} ({names}) FROM STDIN (FORMAT csv)").format(stage=stage, names=names)
+        staged = sql.SQL(", ").join(ident(n) for n in [c.name for c in columns] + flags)
+        self.copy_stage = sql.SQL("COPY {stage} ({names}) FROM STDIN (FORMAT csv)").format(stage=stage, names=staged)
         selects = []
         for c in columns:
             full = pg_base_type(cfg.columns[c.name].type)[1]
@@ -73,6 +81,13 @@ class ColumnarStatements:
                 selects.append(sql.SQL("{} + {} * interval '1 microsecond'").format(epoch, ident(c.name)))
             else:
                 selects.append(ident(c.name))
+        #: deletes: the staged rows into the row path's stage (its columns: the table's types, json as text)
+        self.transfer = None
+        if row_stage is not None:
+            row_selects = [ident(c.name) if c.kind == "json" else e for c, e in zip(columns, selects)]
+            self.transfer = sql.SQL("INSERT INTO {rows} ({names}) SELECT {sel} FROM {stage}").format(
+                rows=sql.Identifier(stage_name(cfg.db_schema, cfg.table)), names=staged, stage=stage,
+                sel=sql.SQL(", ").join(row_selects + [ident(f) for f in flags]))
         conflict = UpsertStatements._conflict_clause(cfg, target, sql.SQL(""))
         self.upsert = sql.SQL("INSERT INTO {t} AS t ({names}) SELECT {sel} FROM {stage}{order}{conflict}").format(
             t=target, names=names, sel=sql.SQL(", ").join(selects), stage=stage, conflict=conflict,

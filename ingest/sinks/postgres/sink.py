@@ -40,6 +40,7 @@ from ingest.sinks.postgres.children import ChildTable
 from ingest.sinks.postgres.columnar import ColumnarStatements, csv_bytes
 from ingest.sinks.postgres.settings import OFFSET_COLUMN, STREAM_COLUMN, PostgresSinkSettings
 from ingest.sinks.postgres.statements import (
+    DELETED_FLAG,
     DeleteStatements,
     UpsertStatements,
     row_sources_query,
@@ -200,18 +201,27 @@ class PostgresSink:
         pooled connection creates its stage when it opens). Raises ValueError, saying why, when they are
         not this table's columns or the table is written by rows (deletes). A version column's guard
         (``EXCLUDED.v >= t.v``) is the row path's own conflict clause."""
-        if self._deletes is not None:
-            raise ValueError("a table whose records delete is written by rows")
+        if self._deletes is not None and (self._deletes.soft_column is not None or self._routed):
+            raise ValueError("a table whose records soft-delete is written by rows" if not self._routed
+                             else "routed tables whose records delete are written by rows")
         if self._children:
             raise ValueError("a table with exploded child rows is written by rows")
-        self._columnar = ColumnarStatements(self._cfg, columns)
+        self._columnar = ColumnarStatements(self._cfg, columns, self._sql if self._deletes is not None else None)
 
     def encode_columns(self, table: Any) -> Any:
         """A columnar batch (a ``pyarrow.Table`` of this table's columns as
         :class:`~ingest.core.mapping.columnar.ColumnarPlan` stages them, one row per key) as the
         payload :meth:`write_encoded` sends: its CSV (:func:`~ingest.sinks.postgres.columnar.csv_bytes`).
-        Pure, any thread (the pipeline thread, while the lane writes the previous batch)."""
-        return csv_bytes(table)
+        Pure, any thread (the pipeline thread, while the lane writes the previous batch). A table whose
+        records delete (its rows carry the stage's flags, :class:`~ingest.cdc.columnar.ChangePlan`): the CSV
+        and how many rows delete; None for no rows."""
+        if self._deletes is None:
+            return csv_bytes(table)
+        if table is None or not table.num_rows:
+            return None
+        import pyarrow.compute as pc
+
+        return csv_bytes(table), int(pc.sum(table.column(DELETED_FLAG).cast("int64")).as_py() or 0)
 
     def write_columns(self, table: Any, *, token: str | None = None) -> None:
         """:meth:`write_encoded` of :meth:`encode_columns`."""
@@ -225,6 +235,10 @@ class PostgresSink:
         takes no insert tokens."""
         statements = self._columnar
         assert statements is not None, "use_columnar() first"
+        if self._deletes is not None:
+            if payload is not None:
+                self._write_encoded_changes(statements, *payload)
+            return
         with translate() as t:
             with self.connection() as conn:
                 t.conn = conn
@@ -236,6 +250,22 @@ class PostgresSink:
                         copy.write(memoryview(payload))
                     cur.execute(statements.upsert)
                     self.statements += 2
+
+    def _write_encoded_changes(self, statements: ColumnarStatements, csv: Any, deletes: int) -> None:
+        """:meth:`write_encoded` of a table whose records delete: the CSV into the columnar stage, moved
+        into the row path's stage (:attr:`ColumnarStatements.transfer`), then the row path's statements
+        (:meth:`_apply_changes`), in one transaction."""
+        with translate() as t:
+            with self.connection() as conn:
+                t.conn = conn
+                if conn.info.encoding != "utf-8":
+                    raise PermanentError(f"the connection's encoding is {conn.info.encoding}, not UTF-8",
+                                         error_class="encoding")
+                with conn.transaction(), conn.cursor() as cur:
+                    with cur.copy(statements.copy_stage) as copy:
+                        copy.write(memoryview(csv))
+                    cur.execute(statements.transfer)
+                    self._apply_changes(cur, self._sql, self._deletes, deletes, self)  # type: ignore[arg-type]
 
     def row_sources(self, keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], RowSource]:
         """Where the rows with these conflict keys were last written from (rows that do not exist are
@@ -439,6 +469,13 @@ class PostgresSink:
                 deleted = isinstance(row, DeleteRow)
                 deletes += deleted
                 copy.write_row((*row, deleted, type(row) is ImageDeleteRow))
+        self._apply_changes(cur, upsert, d, deletes, expiry)
+
+    def _apply_changes(self, cur: psycopg.Cursor[Any], upsert: UpsertStatements, d: DeleteStatements, deletes: int,
+                       expiry: Any) -> None:
+        """The statements of a staged batch of changes (``deletes``: how many staged rows delete): upsert,
+        delete and record tombstones, and now and then expire old tombstones -- the row path's, and the
+        columnar tier's after its rows reached the same stage."""
         cur.execute(upsert.insert_from_stage)
         self.statements += 2
         if deletes:

@@ -1,0 +1,183 @@
+"""The columnar tier for change events: a batch of Debezium events as one staged write (issue #38 item 1).
+
+:class:`ChangePlan` has :class:`~ingest.core.mapping.columnar.ColumnarPlan`'s contract (``build``,
+``columns``, ``route_refusal``, ``lane_keys``) for pipelines with ``envelope: debezium`` and hard
+deletes. Per batch:
+
+1. each event is unwrapped by the row mapper's own code (:meth:`ChangeMapper.change_image
+   <ingest.cdc.mapper.ChangeMapper.change_image>`: the same decode, schema part and ``@source``
+   block), so an upsert's image and a delete's image are exactly the documents the row path maps;
+2. each image is written back as JSON (orjson: ``loads(dumps(doc)) == doc`` for the values a JSON
+   decode gives; a schema part's timestamps, which become ``datetime``, are written as their ISO 8601
+   text where a timestamp column reads them, which that column parses to the same instant; any
+   other value a schema decodes -- a Decimal, a date -- hands the record to the row mapper);
+3. the upserts' documents go through the upsert columns' plan and the deletes' through the delete
+   columns' plan (the key, the version and the hidden source columns: the row path's
+   :class:`~ingest.types.DeleteRow` columns), neither collapsing; the plans' contract makes their
+   rows the row mapper's rows;
+4. the two tables become one (a delete's other columns null: the statements read only its key,
+   version and source), with the ``_ingest_deleted`` / ``_ingest_image`` flags the row path stages,
+   collapsed per key exactly as :func:`ingest.core.collapse.collapse` orders a group: the highest
+   version, ties (and without a version, everything) to the later record.
+
+Records the plan does not vouch for are *rejected*, i.e. handed to the row mapper, which alone decides
+(:class:`~ingest.runner.columnar.ColumnarTier`): tombstones (a no-op, a delete by key, or poison by the
+configuration), truncates, undecodable values and ops Debezium never writes, and whatever a column
+plan rejects. Soft deletes (their image rows) and lanes > 1 are not planned here: such pipelines
+write by rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from ingest.core.mapping.columnar import BatchFields, ColumnarBatch, ColumnarPlan
+from ingest.errors import InvalidRecord
+from ingest.types import Record
+
+__all__ = ["ChangePlan", "DELETED_FLAG", "IMAGE_FLAG"]
+
+#: The stage's flag columns (:mod:`ingest.sinks.postgres.statements`): a delete; a delete with its row's values.
+DELETED_FLAG, IMAGE_FLAG = "_ingest_deleted", "_ingest_image"
+
+#: What a JSON decode gives: values ``orjson.dumps`` writes back as they were read.
+_JSON_TYPES = frozenset((str, int, float, bool, type(None), dict, list))
+#: Nested datetimes, dates and times are refused, not written as text (``dumps`` raises for them then).
+_DUMPS = orjson.OPT_PASSTHROUGH_DATETIME
+
+
+class ChangePlan:
+    """Plans a batch of change events (see the module docstring). Used by one thread (the pipeline's):
+    the row mapper it unwraps events with caches schema parts."""
+
+    def __init__(self, mapper: Any, upserts: ColumnarPlan, deletes: ColumnarPlan, delete_positions: Sequence[int],
+                 key_index: tuple[int, ...], version_index: int | None, timestamp_keys: frozenset[str]) -> None:
+        """``mapper``: the :class:`~ingest.cdc.mapper.ChangeMapper`; ``upserts``: the plan of its upsert
+        columns, ``deletes``: of its delete columns, whose column ``j`` is the upsert column at
+        ``delete_positions[j]`` (staged alike); neither collapses. ``timestamp_keys``: the image keys
+        that only timestamp columns read (a schema part's datetime there is written as ISO text)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        self._pa, self._pc = pa, pc
+        self._image = mapper.change_image
+        self._upserts = upserts
+        self._deletes = deletes
+        self._delete_positions = tuple(delete_positions)
+        self._key_index = key_index
+        self._version_index = version_index
+        self._timestamp_keys = timestamp_keys
+        self.columns = upserts.columns
+        self._names = [c.name for c in self.columns]
+        #: lanes > 1 route each record by its row image's key, which this plan does not read ahead
+        self.route_refusal: str | None = "change events are routed by their row image's key (the row mapper's)"
+
+    def lane_keys(self, records: Sequence[Record]) -> list[Any]:  # pragma: no cover - route_refusal is set
+        raise NotImplementedError("change events are routed by the row mapper")
+
+    def build(self, records: Sequence[Record], listed: dict[str, list[Any]] | None = None) -> ColumnarBatch | None:
+        """The batch as collapsed Arrow columns (the sink's columns, then the two flags) plus the
+        positions of the records left to the row mapper; None declines the whole batch (a republished
+        record, a record of the batch without a version). Never raises for any record content."""
+        n = len(records)
+        if n == 0 or BatchFields(records, listed)("origin").count(None) != n:
+            return None
+        rejected: list[int] = []
+        split: dict[str, tuple[list[int], list[bytes]]] = {"u": ([], []), "d": ([], [])}
+        for i, record in enumerate(records):
+            doc = self._document(record) if record.value is not None else None
+            if doc is None:
+                rejected.append(i)
+                continue
+            positions, values = split[doc[0]]
+            positions.append(i)
+            values.append(doc[1])
+        tables = []
+        for (positions, values), plan in ((split["u"], self._upserts), (split["d"], self._deletes)):
+            if not positions:
+                tables.append((None, []))
+                continue
+            built = plan.build([records[i] for i in positions], {"value": values})
+            if built is None:
+                return None
+            if built.rejected:
+                dropped = set(built.rejected)
+                rejected += (positions[j] for j in built.rejected)
+                positions = [p for j, p in enumerate(positions) if j not in dropped]
+            tables.append((built.table, positions))
+        table, positions, _ = self._merged(*tables[0], *tables[1])
+        if table is None:  # every record rejected: no rows (the tier writes none)
+            return ColumnarBatch(None, sorted(rejected))
+        if self._version_index is not None and table.column(self._version_index).null_count:
+            return None  # a record without a version: the row path decides
+        table = table.take(self._pa.array(self._winners(table, positions), type=self._pa.int64()))
+        return ColumnarBatch(table, sorted(rejected))
+
+    def _document(self, record: Record) -> tuple[str, bytes] | None:
+        """``(op, JSON of its image)`` of a record the plans may take ("u" or "d"), else None."""
+        try:
+            op, image = self._image(record)
+        except InvalidRecord:
+            return None
+        if op == "t" or type(image) is not dict:
+            return None
+        for k, v in image.items():
+            if type(v) not in _JSON_TYPES:
+                if type(v) is datetime and k in self._timestamp_keys:
+                    image = {**image, k: v.isoformat()}
+                else:
+                    return None  # a value a schema part decoded (a Decimal, a date...): the row mapper's
+        try:
+            return op, orjson.dumps(image, option=_DUMPS)
+        except (TypeError, orjson.JSONEncodeError):
+            return None
+
+    def _merged(self, upserts: Any, up_at: list[int], deletes: Any, del_at: list[int]) -> tuple[Any, list[int], int]:
+        """One table of the upserts' rows then the deletes' (their other columns null), with the flags;
+        each row's batch position; how many rows delete. ``(None, [], 0)`` when neither has a row."""
+        pa = self._pa
+        parts = []
+        if upserts is not None and upserts.num_rows:
+            parts.append(upserts)
+        if deletes is not None and deletes.num_rows:
+            by_position = dict(zip(self._delete_positions, deletes.columns))
+            types = [f.type for f in upserts.schema] if parts else [pa.null()] * len(self._names)
+            arrays = [by_position[p].cast(types[p]) if p in by_position and parts else by_position.get(p)
+                      if p in by_position else pa.nulls(deletes.num_rows, types[p]) for p in range(len(self._names))]
+            parts.append(pa.Table.from_arrays(arrays, names=self._names))
+        if not parts:
+            return None, [], 0
+        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        n_up = upserts.num_rows if upserts is not None else 0
+        n_del = table.num_rows - n_up
+        flags = pa.array([False] * n_up + [True] * n_del, type=pa.bool_())
+        table = table.append_column(DELETED_FLAG, flags).append_column(
+            IMAGE_FLAG, pa.array([False] * table.num_rows, type=pa.bool_()))
+        return table, up_at + del_at, n_del
+
+    def _winners(self, table: Any, positions: list[int]) -> list[int]:
+        """Row indices to keep: per key, the highest version, ties to the later record; without a version,
+        the later record (:func:`ingest.core.collapse.collapse`'s order)."""
+        order = sorted(range(len(positions)), key=positions.__getitem__)
+        if self._version_index is not None:
+            versions = table.column(self._version_index).to_pylist()
+            order.sort(key=versions.__getitem__)  # stable: equal versions stay in batch order
+        keys = [table.column(i).to_pylist() for i in self._key_index]
+        key_of = keys[0] if len(keys) == 1 else list(zip(*keys, strict=True))
+        winners = dict(zip(map(key_of.__getitem__, order), order))
+        return sorted(winners.values())
+
+
+def timestamp_keys(columns: Sequence[Any], staged: Sequence[Any]) -> frozenset[str]:
+    """The image keys read only by columns staged as timestamps (``columns``: the upsert plan's
+    :class:`~ingest.core.mapping.fastmap.FastColumn` list, ``staged`` its StagedColumns)."""
+    kinds: dict[str, set[str]] = {}
+    for col, st in zip(columns, staged, strict=True):
+        if col.doc_key is not None:
+            kinds.setdefault(col.doc_key, set()).add(st.kind)
+    return frozenset(k for k, ks in kinds.items() if ks == {"timestamp"})
+
