@@ -116,3 +116,147 @@ def test_a_cdc_run_on_the_columnar_tier_writes_what_the_row_path_does(kafka_boot
     assert rows_stats["columnar_records"] == 0
     assert col_stats["write_tier"] == "columnar", col_stats["write_tier"]
     assert col_stats["columnar_records"] >= len(records) // 2, col_stats
+
+
+# --------------------------------------------------------------------------- batch by batch, exactly
+
+DIFF_COLUMNS = {
+    "id": {"type": "bigint"},
+    "name": {"type": "text"},
+    "qty": {"type": "integer"},
+    "price": {"type": "numeric(12,2)"},
+    "updated_at": {"type": "timestamptz"},
+    "doc": {"type": "jsonb"},
+    "lsn": {"type": "bigint", "source": "@source.lsn"},
+}
+
+
+def _diff_pipeline(dsn: str, table: str) -> Any:
+    from ingest.config import PipelineSettings
+
+    return PipelineSettings.model_validate({
+        "name": table, "topics": ["t"], "envelope": "debezium", "deletes": {"mode": "hard"},
+        "sink": {"kind": "postgres", "dsn": dsn, "table": table, "conflict_key": ["id"], "version_column": "lsn",
+                 "columns": DIFF_COLUMNS}})
+
+
+def _event_strategy() -> Any:
+    from hypothesis import strategies as st
+
+    key = st.integers(0, 5)
+    lsn = st.integers(1, 6)
+    image = st.fixed_dictionaries({"id": key}, optional={
+        "name": st.one_of(st.none(), st.text(max_size=4), st.just("nul\x00")),
+        "qty": st.one_of(st.none(), st.integers(-3, 3), st.just(2**31), st.just("7"), st.just(1.5)),
+        "price": st.one_of(st.none(), st.floats(-1e6, 1e6, allow_nan=False), st.integers(-10**9, 10**9)),
+        "updated_at": st.one_of(st.none(), st.integers(0, 2**41), st.just("2025-11-30T10:11:12.5+05:30"),
+                                st.just("not a time")),
+        "doc": st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=2), st.just({"a": [1, None]})),
+    })
+    upsert = st.tuples(st.sampled_from("cur"), image, lsn)
+    delete = st.tuples(st.just("d"), st.one_of(st.builds(lambda k: {"id": k}, key), st.none(),
+                                               st.just({"name": "no key"})), lsn)
+    other = st.sampled_from([("tombstone", None, 0), ("t", None, 0), ("x", None, 0), ("garbage", None, 0),
+                             ("d", {"id": 1}, None)])
+    return st.lists(st.tuples(st.one_of(upsert, upsert, delete, other), key, st.booleans()), min_size=1, max_size=40)
+
+
+def _encode(op: str, image: Any, lsn: Any) -> bytes | None:
+    if op == "tombstone":
+        return None
+    if op == "garbage":
+        return b'{"op": "c", "after": {'
+    if op == "d":
+        return _envelope("d", image, None, lsn, False)
+    return _envelope(op, None, image, lsn, False)
+
+
+def test_batch_by_batch_the_change_plan_writes_what_the_row_path_writes(pg_dsn):
+    """Hypothesis: any sequence of change events (upserts, deletes with and without a before image, a
+    key's versions going up, down and tied, tombstones, truncates, unknown ops, undecodable values,
+    values only the row mapper takes or refuses), cut into batches anywhere, written batch by batch by
+    the row path into one table and by the change plan into another: after every batch the same poison
+    records and records handled without a row, the same rows and deletes counted; at the end the same
+    table and the same tombstone table, value for value."""
+    from hypothesis import HealthCheck, given, settings
+
+    from ingest.cdc.mapper import mapper_for
+    from ingest.core.collapse import collapse
+    from ingest.errors import InvalidRecord, NoChange
+    from ingest.sinks.postgres.schema import migrate_postgres
+    from ingest.sinks.postgres.sink import PostgresSink
+    from ingest.types import DeleteRow, Item, Record
+
+    p_rows, p_cols = _diff_pipeline(pg_dsn, "cdc_diff_rows"), _diff_pipeline(pg_dsn, "cdc_diff_cols")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for t in ("cdc_diff_rows", "cdc_diff_cols"):
+            conn.execute(f'DROP TABLE IF EXISTS "{t}", "{t}_ingest_deleted"')
+    migrate_postgres(p_rows)
+    migrate_postgres(p_cols)
+    by_rows = PostgresSink(p_rows.sink, pool_size=1, deletes=p_rows.deletes)
+    by_cols = PostgresSink(p_cols.sink, pool_size=1, deletes=p_cols.deletes)
+    rule = p_rows.sink.collapse_rule()
+    row_mapper, plan_mapper = mapper_for(p_rows), mapper_for(p_cols)
+    plan = plan_mapper.columnar_plan(rule.key_index, rule.version_index)
+    assert plan is not None
+    by_cols.use_columnar(plan.columns)
+    taken = {"batches": 0, "deletes": 0}
+
+    def outcome(mapper: Any, record: Record) -> tuple[str, Any]:
+        try:
+            return "row", mapper.map(record)[0]
+        except InvalidRecord as exc:
+            return "poison", (exc.stage, exc.error_class, exc.message)
+        except NoChange:
+            return "unchanged", None
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(_event_strategy())
+    def check(events: list[tuple[tuple[str, Any, Any], int, bool]]) -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            for t in ("cdc_diff_rows", "cdc_diff_cols"):
+                conn.execute(f'TRUNCATE "{t}", "{t}_ingest_deleted"')
+        batches: list[list[Record]] = [[]]
+        for offset, ((op, image, lsn), key_id, cut) in enumerate(events):
+            key = orjson.dumps({"id": key_id})
+            batches[-1].append(Record("t", 0, offset, key, _encode(op, image, lsn), None))
+            if cut:
+                batches.append([])
+        for records in batches:
+            if not records:
+                continue
+            outcomes = [outcome(row_mapper, r) for r in records]
+            items = [Item(r, row, None, 0, 1) for r, (what, row) in zip(records, outcomes) if what == "row"]
+            _, groups = collapse(items, rule)
+            winners = [g[0].row for g in groups]
+            by_rows.write(winners)
+            built = plan.build(records)
+            if built is None:
+                by_cols.write(winners)  # declined: the tier writes it by rows
+                continue
+            by_plan = {i: outcome(plan_mapper, records[i]) for i in built.rejected}
+            if any(what == "row" for what, _ in by_plan.values()):
+                by_cols.write(winners)  # a rejected record maps after all: by rows
+                continue
+            # every record the plan took maps to a row; the others are the row path's poison and no-ops
+            assert {i: o for i, o in enumerate(outcomes) if o[0] != "row"} == by_plan
+            rows = built.table.num_rows if built.table is not None else 0
+            deletes = sum(type(w) is DeleteRow for w in winners)
+            assert rows == len(winners)
+            if built.table is not None:
+                assert sum(built.table.column("_ingest_deleted").to_pylist()) == deletes
+            by_cols.write_encoded(by_cols.encode_columns(built.table))
+            taken["batches"] += 1
+            taken["deletes"] += deletes
+        with psycopg.connect(pg_dsn) as conn:
+            for query in ('SELECT id, name, qty, price::text, updated_at::text, doc::text, lsn, _ingest_offset '
+                          'FROM "{t}" ORDER BY id', 'SELECT id, lsn, _ingest_offset FROM "{t}_ingest_deleted" ORDER BY id'):
+                assert (conn.execute(query.format(t="cdc_diff_cols")).fetchall()
+                        == conn.execute(query.format(t="cdc_diff_rows")).fetchall())
+
+    try:
+        check()
+    finally:
+        by_rows.close()
+        by_cols.close()
+    assert taken["batches"] > 20 and taken["deletes"] > 10, taken  # the plan wrote batches, deletes among them
