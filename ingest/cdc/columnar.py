@@ -23,8 +23,9 @@ deletes. Per batch:
 Records the plan does not vouch for are *rejected*, i.e. handed to the row mapper, which alone decides
 (:class:`~ingest.runner.columnar.ColumnarTier`): tombstones (a no-op, a delete by key, or poison by the
 configuration), truncates, undecodable values and ops Debezium never writes, and whatever a column
-plan rejects. Soft deletes (their image rows) and lanes > 1 are not planned here: such pipelines
-write by rows.
+plan rejects. With more than one lane, :meth:`ChangePlan.lane_keys` routes each event by its row's key
+as the row path does (the images through the column plans' own ``lane_keys``). Soft deletes (their
+image rows) are not planned here: such pipelines write by rows.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any
 
 import orjson
 
-from ingest.core.mapping.columnar import BatchFields, ColumnarBatch, ColumnarPlan
+from ingest.core.mapping.columnar import UNROUTED, BatchFields, ColumnarBatch, ColumnarPlan
 from ingest.errors import InvalidRecord
 from ingest.types import Record
 
@@ -55,11 +56,14 @@ class ChangePlan:
     the row mapper it unwraps events with caches schema parts."""
 
     def __init__(self, mapper: Any, upserts: ColumnarPlan, deletes: ColumnarPlan, delete_positions: Sequence[int],
-                 key_index: tuple[int, ...], version_index: int | None, timestamp_keys: frozenset[str]) -> None:
+                 key_index: tuple[int, ...], version_index: int | None, timestamp_keys: frozenset[str],
+                 routes: tuple[ColumnarPlan, ColumnarPlan] | None = None) -> None:
         """``mapper``: the :class:`~ingest.cdc.mapper.ChangeMapper`; ``upserts``: the plan of its upsert
         columns, ``deletes``: of its delete columns, whose column ``j`` is the upsert column at
         ``delete_positions[j]`` (staged alike); neither collapses. ``timestamp_keys``: the image keys
-        that only timestamp columns read (a schema part's datetime there is written as ISO text)."""
+        that only timestamp columns read (a schema part's datetime there is written as ISO text).
+        ``routes``: the same two plans with their key columns, whose ``lane_keys`` route the images
+        (None: lanes > 1 write by rows)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -73,20 +77,29 @@ class ChangePlan:
         self._timestamp_keys = timestamp_keys
         self.columns = upserts.columns
         self._names = [c.name for c in self.columns]
-        #: lanes > 1 route each record by its row image's key, which this plan does not read ahead
-        self.route_refusal: str | None = "change events are routed by their row image's key (the row mapper's)"
+        self._routes = routes
+        #: why :meth:`lane_keys` cannot route (lanes > 1 then write by rows), or None
+        self.route_refusal: str | None = (
+            "the change plan has no key columns to route by" if routes is None
+            else routes[0].route_refusal or routes[1].route_refusal)
 
-    def lane_keys(self, records: Sequence[Record]) -> list[Any]:  # pragma: no cover - route_refusal is set
-        raise NotImplementedError("change events are routed by the row mapper")
+    def lane_keys(self, records: Sequence[Record]) -> list[Any]:
+        """Per record, what the row path routes it to a lane by (the key bytes of its upsert's or delete's
+        row), or :data:`~ingest.core.mapping.columnar.UNROUTED` where only the row mapper can say (a
+        record :meth:`build` would reject, a key value it would coerce). Requires ``route_refusal is
+        None``. Never raises for any record content."""
+        assert self._routes is not None
+        keys: list[Any] = [UNROUTED] * len(records)
+        split = self._split(records, [])
+        for (positions, values), plan in zip((split["u"], split["d"]), self._routes):
+            if positions:
+                for i, key in zip(positions, plan.lane_keys([records[i] for i in positions], {"value": values})):
+                    keys[i] = key
+        return keys
 
-    def build(self, records: Sequence[Record], listed: dict[str, list[Any]] | None = None) -> ColumnarBatch | None:
-        """The batch as collapsed Arrow columns (the sink's columns, then the two flags) plus the
-        positions of the records left to the row mapper; None declines the whole batch (a republished
-        record, a record of the batch without a version). Never raises for any record content."""
-        n = len(records)
-        if n == 0 or BatchFields(records, listed)("origin").count(None) != n:
-            return None
-        rejected: list[int] = []
+    def _split(self, records: Sequence[Record], rejected: list[int]) -> dict[str, tuple[list[int], list[bytes]]]:
+        """The batch's upserts (``"u"``) and deletes (``"d"``): their positions and their images' JSON;
+        every other position appended to ``rejected``."""
         split: dict[str, tuple[list[int], list[bytes]]] = {"u": ([], []), "d": ([], [])}
         for i, record in enumerate(records):
             doc = self._document(record) if record.value is not None else None
@@ -96,6 +109,17 @@ class ChangePlan:
             positions, values = split[doc[0]]
             positions.append(i)
             values.append(doc[1])
+        return split
+
+    def build(self, records: Sequence[Record], listed: dict[str, list[Any]] | None = None) -> ColumnarBatch | None:
+        """The batch as collapsed Arrow columns (the sink's columns, then the two flags) plus the
+        positions of the records left to the row mapper; None declines the whole batch (a republished
+        record, a record of the batch without a version). Never raises for any record content."""
+        n = len(records)
+        if n == 0 or BatchFields(records, listed)("origin").count(None) != n:
+            return None
+        rejected: list[int] = []
+        split = self._split(records, rejected)
         tables = []
         for (positions, values), plan in ((split["u"], self._upserts), (split["d"], self._deletes)):
             if not positions:

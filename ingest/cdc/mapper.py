@@ -305,8 +305,10 @@ class ChangeMapper:
         if any(d.kind != kinds[p].kind or d.aware != kinds[p].aware for d, p in zip(deletes.columns, self._positions)):
             return None
         fast_columns = self._upserts.columnar_columns()
+        routes = (self._upserts.columnar_plan(key_index, None),
+                  self._deletes.columnar_plan(tuple(self._positions.index(i) for i in key_index), None))
         return ChangePlan(self, upserts, deletes, self._positions, key_index, version_index,
-                          timestamp_keys(fast_columns, kinds))
+                          timestamp_keys(fast_columns, kinds), None if None in routes else routes)
 
     def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
         """``(row, ordering_key)``: an upsert's row or a :class:`DeleteRow`. Raises InvalidRecord, NoChange."""

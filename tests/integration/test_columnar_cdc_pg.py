@@ -79,9 +79,9 @@ def _stream(schemas: bool) -> list[tuple]:
     return out
 
 
-def _run(tmp_path, name, bootstrap, topic, dsn, columnar) -> tuple[dict, list, list, list]:
+def _run(tmp_path, name, bootstrap, topic, dsn, columnar, lanes) -> tuple[dict, list, list, list]:
     stats, dlq = run_pipeline_on_off(tmp_path, bootstrap, topic, dsn, {
-        "name": name, "envelope": "debezium", "deletes": {"mode": "hard"},
+        "name": name, "envelope": "debezium", "deletes": {"mode": "hard"}, "lanes": lanes,
         "sink": {"kind": "postgres", "dsn": dsn, "table": name, "conflict_key": ["id"], "version_column": "lsn",
                  "columns": COLUMNS},
         "dlq": {"kind": "postgres", "table": f"{name}_dlq"},
@@ -92,15 +92,16 @@ def _run(tmp_path, name, bootstrap, topic, dsn, columnar) -> tuple[dict, list, l
     return stats, rows, tombs, dlq
 
 
-@pytest.mark.parametrize("schemas", [False, True])
+@pytest.mark.parametrize(("schemas", "lanes"), [(False, 1), (True, 2)])
 def test_a_cdc_run_on_the_columnar_tier_writes_what_the_row_path_does(kafka_bootstrap, pg_dsn, new_topic, tmp_path,
-                                                                      schemas):
+                                                                      schemas, lanes):
+    """With two lanes too: the accept loop routes each event by its row's key (ChangePlan.lane_keys)."""
     topic = new_topic(PARTITIONS)
     records = _stream(schemas)
     assert produce_stream(kafka_bootstrap, topic, records) == len(records)
     tag = "s" if schemas else "p"
-    rows_stats, rows, rows_tombs, rows_dlq = _run(tmp_path, f"cdcrows{tag}", kafka_bootstrap, topic, pg_dsn, False)
-    col_stats, cols, col_tombs, col_dlq = _run(tmp_path, f"cdccols{tag}", kafka_bootstrap, topic, pg_dsn, None)
+    rows_stats, rows, rows_tombs, rows_dlq = _run(tmp_path, f"cdcrows{tag}", kafka_bootstrap, topic, pg_dsn, False, lanes)
+    col_stats, cols, col_tombs, col_dlq = _run(tmp_path, f"cdccols{tag}", kafka_bootstrap, topic, pg_dsn, None, lanes)
     assert len(rows) > 100 and cols == rows
     # A deleted key's tombstone is the same; a key deleted and upserted again keeps a tombstone only when
     # its delete and its upsert were in different batches, which the runs' batch boundaries decide
@@ -260,3 +261,33 @@ def test_batch_by_batch_the_change_plan_writes_what_the_row_path_writes(pg_dsn):
         by_rows.close()
         by_cols.close()
     assert taken["batches"] > 20 and taken["deletes"] > 10, taken  # the plan wrote batches, deletes among them
+
+
+def test_lane_keys_route_each_event_as_the_row_path_routes_it():
+    """Every event the change plan routes that maps to a row goes to the lane of its row's key (the accept
+    loop's ``key_bytes(row key)``); the others are left to the row mapper (UNROUTED), or are poison."""
+    from ingest.cdc.mapper import mapper_for
+    from ingest.core.mapping.columnar import UNROUTED
+    from ingest.core.routing import key_bytes
+    from ingest.errors import IngestError
+    from ingest.types import Record
+
+    p = _diff_pipeline("postgresql://x@127.0.0.1/x", "routing")
+    rule = p.sink.collapse_rule()
+    mapper = mapper_for(p)
+    plan = mapper.columnar_plan(rule.key_index, rule.version_index)
+    assert plan is not None and plan.route_refusal is None
+    records = [Record("t", part, offset, key, value, None)
+               for offset, (key, value, part, _) in enumerate(_stream(False)[:1500])]
+    keys = plan.lane_keys(records)
+    routed = 0
+    for record, key in zip(records, keys, strict=True):
+        if key is UNROUTED:
+            continue
+        try:
+            row, _ = mapper.map(record)
+        except IngestError:  # poison touches no row: its lane does not matter
+            continue
+        routed += 1
+        assert key == key_bytes(row[0]), record
+    assert routed > len(records) // 2

@@ -365,14 +365,15 @@ class ColumnarPlan:
             self._route_empty = self._route_decode(b"{}")[0]
             self._route_fields = [operator.attrgetter(f"f{j}") for j in range(len(doc_keys))]
 
-    def lane_keys(self, records: Sequence[Record]) -> list[Any]:
+    def lane_keys(self, records: Sequence[Record], listed: dict[str, list[Any]] | None = None) -> list[Any]:
         """Per record, what the row path routes it to a lane by -- :func:`~ingest.core.routing.key_bytes`
         of its row's key values, or without key columns the record's key -- or :data:`UNROUTED` where
         only the row mapper can say (a value it would coerce, a missing key, a document the decoder
         refused, a republished record: the caller maps that record). Requires ``route_refusal is None``.
-        Pure; never raises for any record content."""
+        ``listed``: fields of the records already listed (as :meth:`build` takes them). Pure; never
+        raises for any record content."""
         n = len(records)
-        fields = BatchFields(records)
+        fields = BatchFields(records, listed)
         if self._key_index is None:
             return fields("key")
         unsure = [False] * n
