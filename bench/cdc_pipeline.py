@@ -25,7 +25,8 @@ qty integer, updated_at timestamp)`` with ``lsn`` as the version column:
 Each is run end to end by ``ingest run --until-idle 3`` as a subprocess (``envelope: debezium``
 for (b) and (c), hard deletes) into a fresh table, ``--rounds`` times, the three interleaved in
 each round (their order rotating per round, so a slow spell of this shared machine hits every
-stream of a round alike). Printed per stream: records/s (Kafka records, tombstones included:
+stream of a round alike). Printed per stream: the write tier the run chose and the share of its records the columnar tier wrote
+(``write_tier``, ``columnar_records`` of the summary), records/s (Kafka records, tombstones included:
 first record → last batch handled, from the run's summary), changes/s (change events: tombstones
 excluded), best and median; ingest's own CPU per record and per change (user + sys of its
 process, less an ``ingest run`` of the same configuration on an empty topic: start-up, group
@@ -190,7 +191,8 @@ def end_to_end(stream: str, rnd: int, bootstrap: str, topic: str, workdir: Path,
     rate = consumed / stats["busy_s"] if stats.get("busy_s") else stats["rate_per_s"]
     return {"rate": rate, "consumed": consumed, "rows": stats["rows_written"], "deleted": stats.get("rows_deleted", 0),
             "dead": stats["dead_lettered"], "process_cpu_s": process_cpu_s, "machine_cpu_us": machine_us,
-            "busy_s": stats.get("busy_s"), "table": table, "chdb_path": chdb_path, "rss": data.get("peak_rss_bytes", 0)}
+            "busy_s": stats.get("busy_s"), "table": table, "chdb_path": chdb_path, "rss": data.get("peak_rss_bytes", 0),
+            "tier": stats.get("write_tier"), "columnar_records": stats.get("columnar_records", 0)}
 
 
 # --------------------------------------------------------------------------- checking the tables
@@ -312,7 +314,9 @@ def main() -> None:
                    "own_cpu_us_per_change": own * records / changes,
                    "machine_cpu_us_per_record": statistics.median(machine) if machine else None,
                    "idle_cpu_s": idles[stream], "rates": rates,
-                   "peak_rss_bytes": max(r["rss"] for r in rs), "rows_deleted_last": rs[-1]["deleted"]}
+                   "peak_rss_bytes": max(r["rss"] for r in rs), "rows_deleted_last": rs[-1]["deleted"],
+                   "write_tier": rs[-1]["tier"],
+                   "columnar_share": statistics.median(r["columnar_records"] / r["consumed"] for r in rs)}
             figures[stream] = fig
             print(f"{streams[stream][0]:<38}{records:>9}{best:>12,.0f}{median:>10,.0f}"
                   f"{fig['changes_per_s_median']:>11,.0f}{own:>16.2f}{fig['own_cpu_us_per_change']:>11.2f}"
@@ -324,6 +328,10 @@ def main() -> None:
                   f"changes/s x{f['changes_per_s_median'] / a['changes_per_s_median']:.3f}   "
                   f"own CPU per change x{f['own_cpu_us_per_change'] / a['own_cpu_us_per_change']:.3f}"
                   + ("   (target >= 0.8 x)" if stream == "b" else ""))
+        for stream in order:
+            f = figures[stream]
+            print(f"{streams[stream][0]}: write tier {f['write_tier']}, records written by the columnar tier "
+                  f"{f['columnar_share']:.0%} (median of the rounds)")
         print("(records/s: Kafka records consumed / the run's busy time, tombstones included; changes/s: the same "
               "without tombstones; own CPU: user + sys of the ingest process less its idle run, median)")
         print("(end-to-end tables of the last round: each equals its source table's final state -- "

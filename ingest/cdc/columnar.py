@@ -24,8 +24,9 @@ Records the plan does not vouch for are *rejected*, i.e. handed to the row mappe
 (:class:`~ingest.runner.columnar.ColumnarTier`): tombstones (a no-op, a delete by key, or poison by the
 configuration), truncates, undecodable values and ops Debezium never writes, and whatever a column
 plan rejects. With more than one lane, :meth:`ChangePlan.lane_keys` routes each event by its row's key
-as the row path does (the images through the column plans' own ``lane_keys``). Soft deletes (their
-image rows) are not planned here: such pipelines write by rows.
+as the row path does (the images through the column plans' own ``lane_keys``). Soft deletes: a delete
+that wins a key with an upsert before it in the batch carries that upsert's values, flagged as the
+row path's :class:`~ingest.types.ImageDeleteRow` (:meth:`ChangePlan._with_images`).
 """
 
 from __future__ import annotations
@@ -57,13 +58,13 @@ class ChangePlan:
 
     def __init__(self, mapper: Any, upserts: ColumnarPlan, deletes: ColumnarPlan, delete_positions: Sequence[int],
                  key_index: tuple[int, ...], version_index: int | None, timestamp_keys: frozenset[str],
-                 routes: tuple[ColumnarPlan, ColumnarPlan] | None = None) -> None:
+                 routes: tuple[ColumnarPlan, ColumnarPlan] | None = None, merge_deletes: bool = False) -> None:
         """``mapper``: the :class:`~ingest.cdc.mapper.ChangeMapper`; ``upserts``: the plan of its upsert
         columns, ``deletes``: of its delete columns, whose column ``j`` is the upsert column at
         ``delete_positions[j]`` (staged alike); neither collapses. ``timestamp_keys``: the image keys
         that only timestamp columns read (a schema part's datetime there is written as ISO text).
         ``routes``: the same two plans with their key columns, whose ``lane_keys`` route the images
-        (None: lanes > 1 write by rows)."""
+        (None: lanes > 1 write by rows). ``merge_deletes``: soft deletes (see :meth:`_with_images`)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -78,6 +79,7 @@ class ChangePlan:
         self.columns = upserts.columns
         self._names = [c.name for c in self.columns]
         self._routes = routes
+        self._merge_deletes = merge_deletes
         #: why :meth:`lane_keys` cannot route (lanes > 1 then write by rows), or None
         self.route_refusal: str | None = (
             "the change plan has no key columns to route by" if routes is None
@@ -138,7 +140,10 @@ class ChangePlan:
             return ColumnarBatch(None, sorted(rejected))
         if self._version_index is not None and table.column(self._version_index).null_count:
             return None  # a record without a version: the row path decides
-        table = table.take(self._pa.array(self._winners(table, positions), type=self._pa.int64()))
+        winners, rows_of = self._winners(table, positions)
+        if self._merge_deletes:
+            return ColumnarBatch(self._with_images(table, positions, winners, rows_of), sorted(rejected))
+        table = table.take(self._pa.array(winners, type=self._pa.int64()))
         return ColumnarBatch(table, sorted(rejected))
 
     def _document(self, record: Record) -> tuple[str, bytes] | None:
@@ -183,17 +188,58 @@ class ChangePlan:
             IMAGE_FLAG, pa.array([False] * table.num_rows, type=pa.bool_()))
         return table, up_at + del_at, n_del
 
-    def _winners(self, table: Any, positions: list[int]) -> list[int]:
+    def _winners(self, table: Any, positions: list[int]) -> tuple[list[int], dict[Any, list[int]]]:
         """Row indices to keep: per key, the highest version, ties to the later record; without a version,
-        the later record (:func:`ingest.core.collapse.collapse`'s order)."""
+        the later record (:func:`ingest.core.collapse.collapse`'s order); and, with ``merge_deletes``, each
+        key's row indices in batch order (else empty)."""
         order = sorted(range(len(positions)), key=positions.__getitem__)
+        keys = [table.column(i).to_pylist() for i in self._key_index]
+        key_of = keys[0] if len(keys) == 1 else list(zip(*keys, strict=True))
+        rows_of: dict[Any, list[int]] = {}
+        if self._merge_deletes:
+            for r in order:
+                rows_of.setdefault(key_of[r], []).append(r)
         if self._version_index is not None:
             versions = table.column(self._version_index).to_pylist()
             order.sort(key=versions.__getitem__)  # stable: equal versions stay in batch order
+        winners = dict(zip(map(key_of.__getitem__, order), order))
+        return sorted(winners.values()), rows_of
+
+    def _with_images(self, table: Any, positions: list[int], winners: list[int], rows_of: dict[Any, list[int]]) -> Any:
+        """Soft deletes: the winning rows, where a delete wins a key that has an upsert before it in the
+        batch, as :func:`ingest.core.collapse._merged` makes it -- the batch's records of the key applied one
+        by one (a record older than the key's state is skipped; a delete keeps the values it marks), and
+        when an upsert's values are left, the delete carries them (its own key, version and source
+        columns, the upsert's others) flagged ``_ingest_image``: the row path's
+        :class:`~ingest.types.ImageDeleteRow`."""
+        pa = self._pa
+        deleted = table.column(DELETED_FLAG).to_pylist()
+        versions = table.column(self._version_index).to_pylist() if self._version_index is not None else None
         keys = [table.column(i).to_pylist() for i in self._key_index]
         key_of = keys[0] if len(keys) == 1 else list(zip(*keys, strict=True))
-        winners = dict(zip(map(key_of.__getitem__, order), order))
-        return sorted(winners.values())
+        image: dict[int, int] = {}  # a winning delete's row -> the upsert row whose values it carries
+        for w in winners:
+            rows = rows_of[key_of[w]]
+            if not deleted[w] or len(rows) < 2:
+                continue
+            values = version = None
+            for r in rows:
+                if versions is not None and version is not None and versions[r] < version:
+                    continue
+                version = versions[r] if versions is not None else None
+                if not deleted[r]:
+                    values = r
+            if values is not None:
+                image[w] = values
+        take = pa.array(winners, type=pa.int64())
+        if not image:
+            return table.take(take)
+        base = pa.array([image.get(w, w) for w in winners], type=pa.int64())
+        own = set(self._delete_positions)
+        arrays = [table.column(p).take(take if p in own else base) for p in range(len(self._names))]
+        arrays.append(table.column(DELETED_FLAG).take(take))
+        arrays.append(pa.array([w in image for w in winners], type=pa.bool_()))
+        return pa.Table.from_arrays(arrays, names=[*self._names, DELETED_FLAG, IMAGE_FLAG])
 
 
 def timestamp_keys(columns: Sequence[Any], staged: Sequence[Any]) -> frozenset[str]:

@@ -241,6 +241,7 @@ class ChangeMapper:
         self._deletes = Mapper(delete_columns, None, decoder=decoder, key_decoder=key_decoder)
         self._filler = tuple(sink.delete_filler())
         self._debezium = settings.envelope == "debezium"
+        self._soft = getattr(settings.deletes, "mode", "hard") == "soft"
         self._tombstones = settings.effective_tombstones
         self._truncate = settings.truncate
         version_source = (sink.column_source(names[rule.version_index]) if rule.version_index is not None else "@")
@@ -308,7 +309,8 @@ class ChangeMapper:
         routes = (self._upserts.columnar_plan(key_index, None),
                   self._deletes.columnar_plan(tuple(self._positions.index(i) for i in key_index), None))
         return ChangePlan(self, upserts, deletes, self._positions, key_index, version_index,
-                          timestamp_keys(fast_columns, kinds), None if None in routes else routes)
+                          timestamp_keys(fast_columns, kinds), None if None in routes else routes,
+                          merge_deletes=self._soft)
 
     def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
         """``(row, ordering_key)``: an upsert's row or a :class:`DeleteRow`. Raises InvalidRecord, NoChange."""

@@ -238,8 +238,6 @@ def _deletes_refusal(p: PipelineSettings) -> str | None:
         return "deletes by tombstones (envelope: none) are written by rows"
     if p.sink.kind != "postgres":
         return f"a {p.sink.kind} table whose records delete is written by rows"
-    if p.deletes.mode != "hard":
-        return "soft deletes are written by rows"
     if p.routes_tables:
         return "routed tables whose records delete are written by rows"
     if p.transforms:
@@ -263,7 +261,7 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
         why = "it reads JSON values only (plain, or Debezium change events)"
     elif p.has_deletes and (why := _deletes_refusal(p)) is not None:
         pass
-    elif rule.key_index is not None and (rule.keep != "last" or rule.merge_deletes):
+    elif rule.key_index is not None and (rule.keep != "last" or (rule.merge_deletes and not p.has_deletes)):
         why = "its collapse rule is not 'the last (or highest-version) record of a key wins'"
     elif importlib.util.find_spec("pyarrow") is None:
         why = "pyarrow is not installed (pip install 'ingest[columnar]')"

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -106,7 +107,7 @@ VERSION_KINDS = ("int", "timestamp")
 #: The Python types a column of each kind may hold, null (a missing value) included.
 _STAGED_TYPES = {kind: frozenset({*ts, type(None)})
                  for kind, ts in (("int", (int,)), ("text", (str,)), ("decimal", (float,)), ("epoch_ms", (int,)),
-                                  ("numeric", (int, float)), ("timestamp", (int, str)), ("float", (int, float)),
+                                  ("numeric", (int, float, str)), ("timestamp", (int, str)), ("float", (int, float)),
                                   ("bool", (bool, int, str)), ("json", (msgspec.Raw, str, int, float, bool)))}
 
 #: The microseconds since the epoch a PostgreSQL ``timestamp`` column stages: ``|us| < 2**53`` (1685 to
@@ -821,6 +822,21 @@ _ARROW_TYPE: dict[str, Callable[[Any], Any]] = {
 # values it keeps, the stage converted by the upsert holds exactly what the row mapper's coercer
 # (coerce_pg) returns for them.
 
+#: Decimal text the tier stages for a ``numeric`` column as it is: a sign, digits, a point and digits (a
+#: subset of what ``_numeric`` reads -- no exponent, no ``+``, no bare point -- of at most
+#: :data:`MAX_DECIMAL_TEXT` characters).
+_PLAIN_DECIMAL = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
+MAX_DECIMAL_TEXT = 1000
+
+
+def _numeric_text(v: Any) -> bytes | None:
+    """:func:`_number_text`, and plain decimal text (:data:`_PLAIN_DECIMAL`) as itself; ``b"null"`` for
+    other text (the row mapper's)."""
+    if type(v) is str:
+        return v.encode() if len(v) <= MAX_DECIMAL_TEXT and _PLAIN_DECIMAL.fullmatch(v) else b"null"
+    return _number_text(v)
+
+
 def _number_text(v: Any) -> bytes | None:
     """A JSON number's text as ``float_decimal`` reads it (orjson's shortest digits of a float, an
     int's digits): ``b"null"`` for a float that is not finite (orjson writes those so)."""
@@ -836,11 +852,14 @@ def _numeric_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColumn
     """``numeric``: floats (and ints) as ``_numeric`` reads them -- a float's shortest digits, an int's
     digits -- cast by the upsert to the column's type. Floats alone, into a ``numeric(p,s)`` column,
     go as a float64 array (Arrow's CSV writer writes the same shortest digits, and the scale is the
-    column's); otherwise as that text."""
-    if not staged.as_text and int not in types:
+    column's); otherwise as that text. Text (a decimal sent as a string, e.g. Debezium's
+    ``decimal.handling.mode=string``) is staged as itself when it is plain decimal digits
+    (:data:`_PLAIN_DECIMAL`): ``Decimal(text)``, which ``_numeric`` gives the row path, and PostgreSQL's
+    ``numeric`` input of the text are then the same number; other text goes to the row mapper."""
+    if not staged.as_text and int not in types and str not in types:
         array = pa.array(column, type=pa.float64())
         return array, pc.invert(pc.is_finite(array))
-    texts = list(map(_number_text, column))
+    texts = list(map(_number_text, column)) if str not in types else list(map(_numeric_text, column))
     unfit = None
     if b"null" in texts:
         mask = [t == b"null" for t in texts]

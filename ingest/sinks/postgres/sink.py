@@ -201,9 +201,8 @@ class PostgresSink:
         pooled connection creates its stage when it opens). Raises ValueError, saying why, when they are
         not this table's columns or the table is written by rows (deletes). A version column's guard
         (``EXCLUDED.v >= t.v``) is the row path's own conflict clause."""
-        if self._deletes is not None and (self._deletes.soft_column is not None or self._routed):
-            raise ValueError("a table whose records soft-delete is written by rows" if not self._routed
-                             else "routed tables whose records delete are written by rows")
+        if self._deletes is not None and self._routed:
+            raise ValueError("routed tables whose records delete are written by rows")
         if self._children:
             raise ValueError("a table with exploded child rows is written by rows")
         self._columnar = ColumnarStatements(self._cfg, columns, self._sql if self._deletes is not None else None)

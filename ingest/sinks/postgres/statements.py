@@ -235,10 +235,15 @@ class DeleteStatements:
             # A soft delete with its row's values (an upsert of the key came before it in the batch):
             # the row is written as that upsert would have, marked deleted.
             cols = sql.SQL(", ").join(ident(c) for c in cfg.columns)
+            # the stage holds json/jsonb as text (UpsertStatements): cast as the upsert casts them
+            values = sql.SQL(", ").join(
+                sql.SQL("{}::{}").format(ident(c), sql.SQL(full)) if base in ("json", "jsonb") else ident(c)
+                for c, (base, full) in ((c, pg_base_type(spec.type)) for c, spec in cfg.columns.items()))
             self.delete_with_image = sql.SQL(
-                "INSERT INTO {t} AS t ({cols}, {c}) SELECT {cols}, {m} FROM {stage} AS s WHERE s.{image} "
+                "INSERT INTO {t} AS t ({cols}, {c}) SELECT {values}, {m} FROM {stage} AS s WHERE s.{image} "
                 "AND NOT EXISTS (SELECT 1 FROM {tomb} d WHERE {dm} AND {newer}){conflict}").format(
-                t=target, cols=cols, c=col, m=mark, stage=stage, image=ident(IMAGE_FLAG), tomb=self.tombstones,
+                t=target, cols=cols, values=values, c=col, m=mark, stage=stage, image=ident(IMAGE_FLAG),
+                tomb=self.tombstones,
                 dm=d_match, newer=self._newer(cfg, "d", "s"),
                 conflict=UpsertStatements._conflict_clause(cfg, target, sql.SQL(", {c} = EXCLUDED.{c}").format(c=col)))
             #: ``ON CONFLICT DO UPDATE SET`` of the upsert gains ``soft = DEFAULT``: an upsert undeletes
