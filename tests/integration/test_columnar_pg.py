@@ -56,6 +56,9 @@ AWKWARD = [
     {"id": 6, "kind": " spaced ", "amount": 0.285, "exact": -1.5, "plain": -9223372036854775808,
      "ratio": -12345678901234567, "ts": "2025-11-30T00:00:00.5+05:30:15.5", "local": "1700-01-01T00:00:00-23:59",
      "since": 2**42},
+    # decimal text (e.g. Debezium's decimal.handling.mode=string): staged as itself, rounded by the column
+    {"id": 7, "amount": "12345.67895", "exact": "-0.000", "plain": "007.50"},
+    {"id": 8, "amount": "-0.00005", "exact": "12345678901234567890.12345678901234567890", "plain": "-0"},
 ]
 
 
