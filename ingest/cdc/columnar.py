@@ -9,8 +9,10 @@ deletes. Per batch:
    block), so an upsert's image and a delete's image are exactly the documents the row path maps;
 2. each image is written back as JSON (orjson: ``loads(dumps(doc)) == doc`` for the values a JSON
    decode gives; a schema part's timestamps, which become ``datetime``, are written as their ISO 8601
-   text where a timestamp column reads them, which that column parses to the same instant; any
-   other value a schema decodes -- a Decimal, a date -- hands the record to the row mapper);
+   text where only timestamp columns read them, which those parse to the same instant, and its
+   decimals, which become ``Decimal``, as their text where only ``numeric`` columns read them, which
+   those stage as the same number when it is plain digits (else the row mapper takes it); any other
+   value a schema decodes -- a date, a time -- hands the record to the row mapper);
 3. the upserts' documents go through the upsert columns' plan and the deletes' through the delete
    columns' plan (the key, the version and the hidden source columns: the row path's
    :class:`~ingest.types.DeleteRow` columns), neither collapsing; the plans' contract makes their
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -57,12 +60,13 @@ class ChangePlan:
     the row mapper it unwraps events with caches schema parts."""
 
     def __init__(self, mapper: Any, upserts: ColumnarPlan, deletes: ColumnarPlan, delete_positions: Sequence[int],
-                 key_index: tuple[int, ...], version_index: int | None, timestamp_keys: frozenset[str],
+                 key_index: tuple[int, ...], version_index: int | None, as_text: dict[type, frozenset[str]],
                  routes: tuple[ColumnarPlan, ColumnarPlan] | None = None, merge_deletes: bool = False) -> None:
         """``mapper``: the :class:`~ingest.cdc.mapper.ChangeMapper`; ``upserts``: the plan of its upsert
         columns, ``deletes``: of its delete columns, whose column ``j`` is the upsert column at
-        ``delete_positions[j]`` (staged alike); neither collapses. ``timestamp_keys``: the image keys
-        that only timestamp columns read (a schema part's datetime there is written as ISO text).
+        ``delete_positions[j]`` (staged alike); neither collapses. ``as_text``: per Python type a schema
+        part decodes (``datetime``, ``Decimal``), the image keys where such a value is written as its text
+        (:func:`text_keys`).
         ``routes``: the same two plans with their key columns, whose ``lane_keys`` route the images
         (None: lanes > 1 write by rows). ``merge_deletes``: soft deletes (see :meth:`_with_images`)."""
         import pyarrow as pa
@@ -75,7 +79,7 @@ class ChangePlan:
         self._delete_positions = tuple(delete_positions)
         self._key_index = key_index
         self._version_index = version_index
-        self._timestamp_keys = timestamp_keys
+        self._as_text = as_text
         self.columns = upserts.columns
         self._names = [c.name for c in self.columns]
         self._routes = routes
@@ -156,10 +160,10 @@ class ChangePlan:
             return None
         for k, v in image.items():
             if type(v) not in _JSON_TYPES:
-                if type(v) is datetime and k in self._timestamp_keys:
-                    image = {**image, k: v.isoformat()}
+                if k in self._as_text.get(type(v), ()):
+                    image = {**image, k: v.isoformat() if type(v) is datetime else str(v)}
                 else:
-                    return None  # a value a schema part decoded (a Decimal, a date...): the row mapper's
+                    return None  # a value a schema part decoded (a date, a time...): the row mapper's
         try:
             return op, orjson.dumps(image, option=_DUMPS)
         except (TypeError, orjson.JSONEncodeError):
@@ -242,12 +246,15 @@ class ChangePlan:
         return pa.Table.from_arrays(arrays, names=[*self._names, DELETED_FLAG, IMAGE_FLAG])
 
 
-def timestamp_keys(columns: Sequence[Any], staged: Sequence[Any]) -> frozenset[str]:
-    """The image keys read only by columns staged as timestamps (``columns``: the upsert plan's
-    :class:`~ingest.core.mapping.fastmap.FastColumn` list, ``staged`` its StagedColumns)."""
+def text_keys(columns: Sequence[Any], staged: Sequence[Any]) -> dict[type, frozenset[str]]:
+    """Where :class:`ChangePlan` writes a schema part's decoded value as text: a ``datetime`` in an image
+    key only timestamp columns read (its ISO 8601 text: ``_timestamptz`` / ``_timestamp`` give the same
+    instant for the text as for the datetime), a ``Decimal`` in one only ``numeric`` columns read (its
+    text: staged only when plain digits, the same number as the Decimal). ``columns``: the upsert plan's
+    :class:`~ingest.core.mapping.fastmap.FastColumn` list, ``staged`` its StagedColumns."""
     kinds: dict[str, set[str]] = {}
     for col, st in zip(columns, staged, strict=True):
         if col.doc_key is not None:
             kinds.setdefault(col.doc_key, set()).add(st.kind)
-    return frozenset(k for k, ks in kinds.items() if ks == {"timestamp"})
-
+    return {datetime: frozenset(k for k, ks in kinds.items() if ks == {"timestamp"}),
+            Decimal: frozenset(k for k, ks in kinds.items() if ks == {"numeric"})}

@@ -291,7 +291,7 @@ class ChangeMapper:
         transforms, integer or text key columns, the delete columns staged as the upserts' are), or None."""
         if not self._debezium or self._transformer is not None or not key_index:
             return None
-        from ingest.cdc.columnar import ChangePlan, timestamp_keys  # imports pyarrow
+        from ingest.cdc.columnar import ChangePlan, text_keys  # imports pyarrow
         from ingest.core.mapping.columnar import VERSION_KINDS
 
         upserts = self._upserts.columnar_plan(None, None)
@@ -309,7 +309,7 @@ class ChangeMapper:
         routes = (self._upserts.columnar_plan(key_index, None),
                   self._deletes.columnar_plan(tuple(self._positions.index(i) for i in key_index), None))
         return ChangePlan(self, upserts, deletes, self._positions, key_index, version_index,
-                          timestamp_keys(fast_columns, kinds), None if None in routes else routes,
+                          text_keys(fast_columns, kinds), None if None in routes else routes,
                           merge_deletes=self._soft)
 
     def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:

@@ -20,8 +20,11 @@ The tier turns itself off for good when more than ``MAX_DECLINED_SHARE`` of the 
 ``REVIEW_RECORDS`` records it was offered had to go by rows (a stream it does not fit: fields no
 column reads, nested values...); it is logged at ``info``.
 
-:func:`columnar_tier` decides whether a pipeline can have the tier at all (at least once, JSON, a
-sink that declares the ``columnar`` capability and takes the plan's columns, the last or
+:func:`columnar_tier` decides whether a pipeline can have the tier at all (at least once, JSON -- plain,
+or Debezium change events with hard or soft deletes into one PostgreSQL table, whose plan is
+:class:`~ingest.cdc.columnar.ChangePlan` and whose records the row mapper handles without a row, a no-op
+tombstone or an ignored truncate, are done with the batch and counted as skipped --, a sink that
+declares the ``columnar`` capability and takes the plan's columns, the last or
 highest-version record of a key wins, with more than one lane keys the plan can route by:
 :meth:`ColumnarPlan.lane_keys <ingest.core.mapping.columnar.ColumnarPlan.lane_keys>` gives the accept
 loop what the row path routes each record by, without mapping it; transforms -- if any -- that the

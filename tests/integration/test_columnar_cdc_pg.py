@@ -24,7 +24,7 @@ from pipeline_helpers import run_pipeline_on_off
 COLUMNS = {
     "id": {"type": "bigint"},
     "name": {"type": "text"},
-    "price": {"type": "numeric(12,2)"},  # decimal text (decimal.handling.mode=string)
+    "price": {"type": "numeric(12,2)"},  # decimal text (decimal.handling.mode=string), or precise (schema part)
     "qty": {"type": "integer"},
     "updated_at": {"type": "timestamptz"},
     "lsn": {"type": "bigint", "source": "@source.lsn"},
@@ -38,7 +38,7 @@ def _envelope(op: str, before: Any, after: Any, lsn: int | None, schemas: bool) 
     payload = {"before": before, "after": after, "op": op, "ts_ms": 1,
                "source": {"connector": "postgresql", "lsn": lsn, "ts_ms": 1}}
     if schemas:
-        event = orjson.loads(encode_event("c", None, {"id": 1}, fields=fields_for("string"), lsn=1, ts_ms=1,
+        event = orjson.loads(encode_event("c", None, {"id": 1}, fields=fields_for("precise"), lsn=1, ts_ms=1,
                                           schemas=True))
         return orjson.dumps({"schema": event["schema"], "payload": payload})
     return orjson.dumps(payload)
@@ -47,7 +47,10 @@ def _envelope(op: str, before: Any, after: Any, lsn: int | None, schemas: bool) 
 def _stream(schemas: bool) -> list[tuple]:
     """About 2400 records over 250 keys: the source table's stream with hostile records spliced in (each
     in its key's partition, so its place in the key's order is what the row path sees too)."""
-    source = SourceTable(38, keys=250, partitions=PARTITIONS, delete_frac=0.2, schemas=schemas, encoding="string",
+    # with the schema part, the connector's defaults: precise decimals (base64) and MicroTimestamp, which the
+    # schema part decodes to Decimal and datetime
+    source = SourceTable(38, keys=250, partitions=PARTITIONS, delete_frac=0.2, schemas=schemas,
+                         encoding="precise" if schemas else "string",
                          rekey_frac=0.02, null_before_frac=0.05, short_lived_frac=0.01)
     records = source.events(2000)
     out: list[tuple] = []
@@ -127,7 +130,7 @@ def test_a_cdc_run_on_the_columnar_tier_writes_what_the_row_path_does(kafka_boot
 DIFF_COLUMNS = {
     "id": {"type": "bigint"},
     "name": {"type": "text"},
-    "price": {"type": "numeric(12,2)"},  # decimal text (decimal.handling.mode=string)
+    "price": {"type": "numeric(12,2)"},  # decimal text (decimal.handling.mode=string), or precise (schema part)
     "qty": {"type": "integer"},
     "price": {"type": "numeric(12,2)"},
     "updated_at": {"type": "timestamptz"},

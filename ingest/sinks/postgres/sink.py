@@ -199,8 +199,10 @@ class PostgresSink:
     def use_columnar(self, columns: Sequence[StagedColumn]) -> None:
         """Prepare :meth:`write_columns` for a columnar plan's columns (before the first write: each
         pooled connection creates its stage when it opens). Raises ValueError, saying why, when they are
-        not this table's columns or the table is written by rows (deletes). A version column's guard
-        (``EXCLUDED.v >= t.v``) is the row path's own conflict clause."""
+        not this table's columns or the table is written by rows (routed with deletes, exploded children).
+        A version column's guard (``EXCLUDED.v >= t.v``) is the row path's own conflict clause; a table
+        whose records delete stages the plan's rows with the row path's flags and applies them with the
+        row path's statements (:meth:`_write_encoded_changes`)."""
         if self._deletes is not None and self._routed:
             raise ValueError("routed tables whose records delete are written by rows")
         if self._children:
