@@ -53,6 +53,10 @@ DELETED_FLAG, IMAGE_FLAG = "_ingest_deleted", "_ingest_image"
 _JSON_TYPES = frozenset((str, int, float, bool, type(None), dict, list))
 #: Nested datetimes, dates and times are refused, not written as text (``dumps`` raises for them then).
 _DUMPS = orjson.OPT_PASSTHROUGH_DATETIME
+#: Where an image carries the event's ``source`` block (:mod:`ingest.cdc.mapper`).
+_SOURCE = "@source"
+#: At most this many records' documents are kept between ``lane_keys`` and ``build``.
+MAX_KEPT = 262_144
 
 
 class ChangePlan:
@@ -61,14 +65,17 @@ class ChangePlan:
 
     def __init__(self, mapper: Any, upserts: ColumnarPlan, deletes: ColumnarPlan, delete_positions: Sequence[int],
                  key_index: tuple[int, ...], version_index: int | None, as_text: dict[type, frozenset[str]],
-                 routes: tuple[ColumnarPlan, ColumnarPlan] | None = None, merge_deletes: bool = False) -> None:
+                 routes: tuple[ColumnarPlan, ColumnarPlan] | None = None, merge_deletes: bool = False,
+                 read_keys: Sequence[str] = (), source_keys: Sequence[str] | None = None) -> None:
         """``mapper``: the :class:`~ingest.cdc.mapper.ChangeMapper`; ``upserts``: the plan of its upsert
         columns, ``deletes``: of its delete columns, whose column ``j`` is the upsert column at
         ``delete_positions[j]`` (staged alike); neither collapses. ``as_text``: per Python type a schema
         part decodes (``datetime``, ``Decimal``), the image keys where such a value is written as its text
         (:func:`text_keys`).
         ``routes``: the same two plans with their key columns, whose ``lane_keys`` route the images
-        (None: lanes > 1 write by rows). ``merge_deletes``: soft deletes (see :meth:`_with_images`)."""
+        (None: lanes > 1 write by rows). ``merge_deletes``: soft deletes (see :meth:`_with_images`).
+        ``read_keys``: the image keys the columns read (``@source`` for the source block), the only ones
+        written back; ``source_keys``: the source block's keys they read (None: all of it)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -84,6 +91,10 @@ class ChangePlan:
         self._names = [c.name for c in self.columns]
         self._routes = routes
         self._merge_deletes = merge_deletes
+        self._read_keys = tuple(read_keys)
+        self._source_keys = None if source_keys is None else tuple(source_keys)
+        #: id(record) -> (record, its document): lane_keys's work, taken by build (pipeline thread only)
+        self._kept: dict[int, tuple[Record, Any]] = {}
         #: why :meth:`lane_keys` cannot route (lanes > 1 then write by rows), or None
         self.route_refusal: str | None = (
             "the change plan has no key columns to route by" if routes is None
@@ -96,19 +107,30 @@ class ChangePlan:
         None``. Never raises for any record content."""
         assert self._routes is not None
         keys: list[Any] = [UNROUTED] * len(records)
-        split = self._split(records, [])
+        split = self._split(records, [], keep=True)
         for (positions, values), plan in zip((split["u"], split["d"]), self._routes):
             if positions:
                 for i, key in zip(positions, plan.lane_keys([records[i] for i in positions], {"value": values})):
                     keys[i] = key
         return keys
 
-    def _split(self, records: Sequence[Record], rejected: list[int]) -> dict[str, tuple[list[int], list[bytes]]]:
+    def _split(self, records: Sequence[Record], rejected: list[int], keep: bool = False
+               ) -> dict[str, tuple[list[int], list[bytes]]]:
         """The batch's upserts (``"u"``) and deletes (``"d"``): their positions and their images' JSON;
-        every other position appended to ``rejected``."""
+        every other position appended to ``rejected``. ``keep``: remember each record's document for the
+        next call that meets the same record (:meth:`lane_keys` then :meth:`build`: one unwrap each)."""
         split: dict[str, tuple[list[int], list[bytes]]] = {"u": ([], []), "d": ([], [])}
+        kept = self._kept
+        if keep and len(kept) > MAX_KEPT:  # records never built (a revoked partition's): start afresh
+            kept.clear()
         for i, record in enumerate(records):
-            doc = self._document(record) if record.value is not None else None
+            hit = kept.pop(id(record), None) if kept else None
+            if hit is not None and hit[0] is record:
+                doc = hit[1]
+            else:
+                doc = self._document(record) if record.value is not None else None
+            if keep:
+                kept[id(record)] = (record, doc)
             if doc is None:
                 rejected.append(i)
                 continue
@@ -158,14 +180,23 @@ class ChangePlan:
             return None
         if op == "t" or type(image) is not dict:
             return None
-        for k, v in image.items():
-            if type(v) not in _JSON_TYPES:
-                if k in self._as_text.get(type(v), ()):
-                    image = {**image, k: v.isoformat() if type(v) is datetime else str(v)}
-                else:
-                    return None  # a value a schema part decoded (a date, a time...): the row mapper's
+        doc = {}
+        for k in self._read_keys:  # only what the columns read: the plans' strict decode, a small dump
+            if k in image:
+                v = image[k]
+                if type(v) not in _JSON_TYPES:
+                    if k in self._as_text.get(type(v), ()):
+                        v = v.isoformat() if type(v) is datetime else str(v)
+                    else:
+                        return None  # a value a schema part decoded (a date, a time...): the row mapper's
+                doc[k] = v
+        source = doc.get(_SOURCE)
+        if source is not None and self._source_keys is not None:
+            if type(source) is not dict:
+                return None
+            doc[_SOURCE] = {k: source[k] for k in self._source_keys if k in source}
         try:
-            return op, orjson.dumps(image, option=_DUMPS)
+            return op, orjson.dumps(doc, option=_DUMPS)
         except (TypeError, orjson.JSONEncodeError):
             return None
 

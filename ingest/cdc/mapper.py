@@ -308,9 +308,14 @@ class ChangeMapper:
         fast_columns = self._upserts.columnar_columns()
         routes = (self._upserts.columnar_plan(key_index, None),
                   self._deletes.columnar_plan(tuple(self._positions.index(i) for i in key_index), None))
+        read_keys, nested = self._upserts.columnar_keys()
+        for path in nested:
+            if path[0] == _SOURCE_KEY and len(path) < 2:
+                return None
+        source_keys = sorted({path[1] for path in nested if path[0] == _SOURCE_KEY})
         return ChangePlan(self, upserts, deletes, self._positions, key_index, version_index,
                           text_keys(fast_columns, kinds), None if None in routes else routes,
-                          merge_deletes=self._soft)
+                          merge_deletes=self._soft, read_keys=read_keys, source_keys=source_keys)
 
     def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
         """``(row, ordering_key)``: an upsert's row or a :class:`DeleteRow`. Raises InvalidRecord, NoChange."""

@@ -169,8 +169,13 @@ def _event_strategy() -> Any:
     other = st.sampled_from([("tombstone", None, 0), ("t", None, 0), ("x", None, 0), ("garbage", None, 0),
                              ("d", {"id": 1}, None)])
     plain = st.tuples(st.sampled_from("cur"), st.builds(lambda k, n: {"id": k, "name": n}, key, st.text(max_size=3)), lsn)
-    return st.lists(st.tuples(st.one_of(plain, plain, upsert, delete, delete, other), key, st.integers(0, 3).map(lambda c: c == 0)),
-                    min_size=1, max_size=40)
+    cut = st.integers(0, 3).map(lambda c: c == 0)
+    single = st.tuples(st.one_of(plain, plain, upsert, delete, delete, other), key, cut).map(lambda e: [e])
+    # an upsert then a delete of its key (a soft delete then carries the upsert's values, when it wins)
+    pair = st.tuples(key, st.integers(1, 6), st.integers(-1, 2), st.text(max_size=3)).map(lambda t: [
+        (("u", {"id": t[0], "name": t[3]}, t[1]), t[0], False), (("d", {"id": t[0]}, max(1, t[1] + t[2])), t[0], False)])
+    return st.lists(st.one_of(single, single, pair), min_size=1, max_size=30).map(
+        lambda chunks: [event for chunk in chunks for event in chunk])
 
 
 def _encode(op: str, image: Any, lsn: Any) -> bytes | None:
