@@ -1,22 +1,24 @@
 """The columnar tier for change events: a batch of Debezium events as one staged write (issue #38 item 1).
 
 :class:`ChangePlan` has :class:`~ingest.core.mapping.columnar.ColumnarPlan`'s contract (``build``,
-``columns``, ``route_refusal``, ``lane_keys``) for pipelines with ``envelope: debezium`` and hard
-deletes. Per batch:
+``columns``, ``route_refusal``, ``lane_keys``) for pipelines with ``envelope: debezium`` and hard or
+soft deletes into one PostgreSQL table. Per batch:
 
 1. each event is unwrapped by the row mapper's own code (:meth:`ChangeMapper.change_image
    <ingest.cdc.mapper.ChangeMapper.change_image>`: the same decode, schema part and ``@source``
    block), so an upsert's image and a delete's image are exactly the documents the row path maps;
-2. each image is written back as JSON (orjson: ``loads(dumps(doc)) == doc`` for the values a JSON
-   decode gives; a schema part's timestamps, which become ``datetime``, are written as their ISO 8601
-   text where only timestamp columns read them, which those parse to the same instant, and its
-   decimals, which become ``Decimal``, as their text where only ``numeric`` columns read them, which
-   those stage as the same number when it is plain digits (else the row mapper takes it); any other
-   value a schema decodes -- a date, a time -- hands the record to the row mapper);
-3. the upserts' documents go through the upsert columns' plan and the deletes' through the delete
-   columns' plan (the key, the version and the hidden source columns: the row path's
-   :class:`~ingest.types.DeleteRow` columns), neither collapsing; the plans' contract makes their
-   rows the row mapper's rows;
+2. the values the columns read are listed off those images -- each top-level key of the image, each
+   key of the source block (the plans read it as a top-level key of its own, ``__source_<n>``) -- None
+   where missing, as the row mapper reads a missing key; a schema part's timestamps (``datetime``) are
+   listed as their ISO 8601 text where only timestamp columns read them, which those parse to the same
+   instant, and its decimals (``Decimal``) as their text where only ``numeric`` columns read them, which
+   those stage as the same number when it is plain digits; any other value a schema decodes -- a date, a
+   time -- hands the record to the row mapper;
+3. the upserts' values go through the upsert columns' plan and the deletes' through the delete columns'
+   plan (the key, the version and the hidden source columns: the row path's
+   :class:`~ingest.types.DeleteRow` columns), neither collapsing, every value's type checked
+   (:meth:`ColumnarPlan.build_fields <ingest.core.mapping.columnar.ColumnarPlan.build_fields>`); the
+   plans' contract makes their rows the row mapper's rows;
 4. the two tables become one (a delete's other columns null: the statements read only its key,
    version and source), with the ``_ingest_deleted`` / ``_ingest_image`` flags the row path stages,
    collapsed per key exactly as :func:`ingest.core.collapse.collapse` orders a group: the highest
@@ -26,9 +28,10 @@ Records the plan does not vouch for are *rejected*, i.e. handed to the row mappe
 (:class:`~ingest.runner.columnar.ColumnarTier`): tombstones (a no-op, a delete by key, or poison by the
 configuration), truncates, undecodable values and ops Debezium never writes, and whatever a column
 plan rejects. With more than one lane, :meth:`ChangePlan.lane_keys` routes each event by its row's key
-as the row path does (the images through the column plans' own ``lane_keys``). Soft deletes: a delete
-that wins a key with an upsert before it in the batch carries that upsert's values, flagged as the
-row path's :class:`~ingest.types.ImageDeleteRow` (:meth:`ChangePlan._with_images`).
+as the row path does, and keeps each record's values for :meth:`ChangePlan.build` (one unwrap per
+record). Soft deletes: a delete that wins a key with an upsert before it in the batch carries that
+upsert's values, flagged as the row path's :class:`~ingest.types.ImageDeleteRow`
+(:meth:`ChangePlan._with_images`).
 """
 
 from __future__ import annotations
@@ -38,44 +41,40 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-import orjson
-
-from ingest.core.mapping.columnar import UNROUTED, BatchFields, ColumnarBatch, ColumnarPlan
+from ingest.core.mapping.columnar import UNROUTED, BatchFields, ColumnarBatch, ColumnarPlan, StagedColumn
+from ingest.core.routing import key_bytes
 from ingest.errors import InvalidRecord
 from ingest.types import Record
 
-__all__ = ["ChangePlan", "DELETED_FLAG", "IMAGE_FLAG"]
+__all__ = ["ChangePlan", "DELETED_FLAG", "IMAGE_FLAG", "text_keys"]
 
 #: The stage's flag columns (:mod:`ingest.sinks.postgres.statements`): a delete; a delete with its row's values.
 DELETED_FLAG, IMAGE_FLAG = "_ingest_deleted", "_ingest_image"
 
-#: What a JSON decode gives: values ``orjson.dumps`` writes back as they were read.
+#: What a JSON decode gives: values the plans read as a JSON decode would give them.
 _JSON_TYPES = frozenset((str, int, float, bool, type(None), dict, list))
-#: Nested datetimes, dates and times are refused, not written as text (``dumps`` raises for them then).
-_DUMPS = orjson.OPT_PASSTHROUGH_DATETIME
 #: Where an image carries the event's ``source`` block (:mod:`ingest.cdc.mapper`).
 _SOURCE = "@source"
-#: At most this many records' documents are kept between ``lane_keys`` and ``build``.
+#: At most this many records' values are kept between ``lane_keys`` and ``build``.
 MAX_KEPT = 262_144
 
 
 class ChangePlan:
     """Plans a batch of change events (see the module docstring). Used by one thread (the pipeline's):
-    the row mapper it unwraps events with caches schema parts."""
+    the row mapper it unwraps events with caches schema parts, and values are kept between calls."""
 
     def __init__(self, mapper: Any, upserts: ColumnarPlan, deletes: ColumnarPlan, delete_positions: Sequence[int],
-                 key_index: tuple[int, ...], version_index: int | None, as_text: dict[type, frozenset[str]],
-                 routes: tuple[ColumnarPlan, ColumnarPlan] | None = None, merge_deletes: bool = False,
-                 read_keys: Sequence[str] = (), source_keys: Sequence[str] | None = None) -> None:
+                 key_index: tuple[int, ...], version_index: int | None, as_text: dict[type, frozenset[str]], *,
+                 sources: Sequence[tuple[str, str]] = (), merge_deletes: bool = False,
+                 route: Sequence[tuple[str, StagedColumn]] | None = None) -> None:
         """``mapper``: the :class:`~ingest.cdc.mapper.ChangeMapper`; ``upserts``: the plan of its upsert
         columns, ``deletes``: of its delete columns, whose column ``j`` is the upsert column at
-        ``delete_positions[j]`` (staged alike); neither collapses. ``as_text``: per Python type a schema
-        part decodes (``datetime``, ``Decimal``), the image keys where such a value is written as its text
-        (:func:`text_keys`).
-        ``routes``: the same two plans with their key columns, whose ``lane_keys`` route the images
-        (None: lanes > 1 write by rows). ``merge_deletes``: soft deletes (see :meth:`_with_images`).
-        ``read_keys``: the image keys the columns read (``@source`` for the source block), the only ones
-        written back; ``source_keys``: the source block's keys they read (None: all of it)."""
+        ``delete_positions[j]`` (staged alike); neither collapses, both read top-level keys only.
+        ``as_text``: per Python type a schema part decodes (``datetime``, ``Decimal``), the image keys
+        where such a value is listed as its text (:func:`text_keys`). ``sources``: the plans' keys that
+        stand for a key of the source block, ``(plan key, source key)``. ``merge_deletes``: soft deletes
+        (see :meth:`_with_images`). ``route``: per key column, the plans' key it reads and how it is
+        staged (None: lanes > 1 write by rows)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -87,43 +86,58 @@ class ChangePlan:
         self._key_index = key_index
         self._version_index = version_index
         self._as_text = as_text
+        self._sources = tuple(sources)
+        flat = {k for k, _ in self._sources}
+        #: the image's top-level keys the plans read
+        self._read_keys = tuple(k for k in dict.fromkeys([*upserts.keys, *deletes.keys]) if k not in flat)
+        self._merge_deletes = merge_deletes
+        self._route = None if route is None else tuple(route)
+        #: id(record) -> (record, its values): lane_keys's work, taken by build (pipeline thread only)
+        self._kept: dict[int, tuple[Record, Any]] = {}
         self.columns = upserts.columns
         self._names = [c.name for c in self.columns]
-        self._routes = routes
-        self._merge_deletes = merge_deletes
-        self._read_keys = tuple(read_keys)
-        self._source_keys = None if source_keys is None else tuple(source_keys)
-        #: id(record) -> (record, its document): lane_keys's work, taken by build (pipeline thread only)
-        self._kept: dict[int, tuple[Record, Any]] = {}
         #: why :meth:`lane_keys` cannot route (lanes > 1 then write by rows), or None
         self.route_refusal: str | None = (
-            "the change plan has no key columns to route by" if routes is None
-            else routes[0].route_refusal or routes[1].route_refusal)
+            None if route is not None else "a key column does not read a key of the row image")
 
     def lane_keys(self, records: Sequence[Record]) -> list[Any]:
-        """Per record, what the row path routes it to a lane by (the key bytes of its upsert's or delete's
-        row), or :data:`~ingest.core.mapping.columnar.UNROUTED` where only the row mapper can say (a
-        record :meth:`build` would reject, a key value it would coerce). Requires ``route_refusal is
-        None``. Never raises for any record content."""
-        assert self._routes is not None
-        keys: list[Any] = [UNROUTED] * len(records)
-        split = self._split(records, [], keep=True)
-        for (positions, values), plan in zip((split["u"], split["d"]), self._routes):
-            if positions:
-                for i, key in zip(positions, plan.lane_keys([records[i] for i in positions], {"value": values})):
-                    keys[i] = key
+        """Per record, what the row path routes it to a lane by (:func:`~ingest.core.routing.key_bytes` of
+        its upsert's or delete's key values, as the accept loop computes them from the row), or
+        :data:`~ingest.core.mapping.columnar.UNROUTED` where only the row mapper can say (a record
+        :meth:`build` would reject, a key value it would coerce). Requires ``route_refusal is None``.
+        Never raises for any record content."""
+        assert self._route is not None
+        keys: list[Any] = []
+        route = self._route
+        single = len(route) == 1
+        for doc in self._documents(records, keep=True):
+            if doc is None:
+                keys.append(UNROUTED)
+                continue
+            values = []
+            for k, staged in route:
+                v = doc[1].get(k)
+                if staged.kind == "int":
+                    ok = type(v) is int and staged.lo <= v <= staged.hi  # type: ignore[operator]
+                else:
+                    ok = type(v) is str and not (staged.forbid_nul and "\x00" in v)
+                if not ok:
+                    break
+                values.append(v)
+            else:
+                keys.append(key_bytes(values[0] if single else tuple(values)))
+                continue
+            keys.append(UNROUTED)
         return keys
 
-    def _split(self, records: Sequence[Record], rejected: list[int], keep: bool = False
-               ) -> dict[str, tuple[list[int], list[bytes]]]:
-        """The batch's upserts (``"u"``) and deletes (``"d"``): their positions and their images' JSON;
-        every other position appended to ``rejected``. ``keep``: remember each record's document for the
-        next call that meets the same record (:meth:`lane_keys` then :meth:`build`: one unwrap each)."""
-        split: dict[str, tuple[list[int], list[bytes]]] = {"u": ([], []), "d": ([], [])}
+    def _documents(self, records: Sequence[Record], keep: bool = False) -> list[tuple[str, dict[str, Any]] | None]:
+        """Each record's ``(op, values)`` (:meth:`_document`), or None. ``keep``: remember them for the next
+        call that meets the same records (:meth:`lane_keys` then :meth:`build`: one unwrap each)."""
         kept = self._kept
         if keep and len(kept) > MAX_KEPT:  # records never built (a revoked partition's): start afresh
             kept.clear()
-        for i, record in enumerate(records):
+        out = []
+        for record in records:
             hit = kept.pop(id(record), None) if kept else None
             if hit is not None and hit[0] is record:
                 doc = hit[1]
@@ -131,13 +145,8 @@ class ChangePlan:
                 doc = self._document(record) if record.value is not None else None
             if keep:
                 kept[id(record)] = (record, doc)
-            if doc is None:
-                rejected.append(i)
-                continue
-            positions, values = split[doc[0]]
-            positions.append(i)
-            values.append(doc[1])
-        return split
+            out.append(doc)
+        return out
 
     def build(self, records: Sequence[Record], listed: dict[str, list[Any]] | None = None) -> ColumnarBatch | None:
         """The batch as collapsed Arrow columns (the sink's columns, then the two flags) plus the
@@ -147,13 +156,21 @@ class ChangePlan:
         if n == 0 or BatchFields(records, listed)("origin").count(None) != n:
             return None
         rejected: list[int] = []
-        split = self._split(records, rejected)
+        split: dict[str, tuple[list[int], list[dict[str, Any]]]] = {"u": ([], []), "d": ([], [])}
+        for i, doc in enumerate(self._documents(records)):
+            if doc is None:
+                rejected.append(i)
+                continue
+            positions, docs = split[doc[0]]
+            positions.append(i)
+            docs.append(doc[1])
         tables = []
-        for (positions, values), plan in ((split["u"], self._upserts), (split["d"], self._deletes)):
+        for (positions, docs), plan in ((split["u"], self._upserts), (split["d"], self._deletes)):
             if not positions:
                 tables.append((None, []))
                 continue
-            built = plan.build([records[i] for i in positions], {"value": values})
+            values = {k: [d.get(k) for d in docs] for k in plan.keys}
+            built = plan.build_fields([records[i] for i in positions], values)
             if built is None:
                 return None
             if built.rejected:
@@ -172,8 +189,8 @@ class ChangePlan:
         table = table.take(self._pa.array(winners, type=self._pa.int64()))
         return ColumnarBatch(table, sorted(rejected))
 
-    def _document(self, record: Record) -> tuple[str, bytes] | None:
-        """``(op, JSON of its image)`` of a record the plans may take ("u" or "d"), else None."""
+    def _document(self, record: Record) -> tuple[str, dict[str, Any]] | None:
+        """``(op, the values the plans read)`` of a record they may take ("u" or "d"), else None."""
         try:
             op, image = self._image(record)
         except InvalidRecord:
@@ -181,24 +198,24 @@ class ChangePlan:
         if op == "t" or type(image) is not dict:
             return None
         doc = {}
-        for k in self._read_keys:  # only what the columns read: the plans' strict decode, a small dump
-            if k in image:
-                v = image[k]
-                if type(v) not in _JSON_TYPES:
-                    if k in self._as_text.get(type(v), ()):
-                        v = v.isoformat() if type(v) is datetime else str(v)
-                    else:
-                        return None  # a value a schema part decoded (a date, a time...): the row mapper's
-                doc[k] = v
-        source = doc.get(_SOURCE)
-        if source is not None and self._source_keys is not None:
-            if type(source) is not dict:
+        for k in self._read_keys:
+            v = image.get(k)
+            if type(v) not in _JSON_TYPES:
+                if k in self._as_text.get(type(v), ()):
+                    v = v.isoformat() if type(v) is datetime else str(v)
+                else:
+                    return None  # a value a schema part decoded (a date, a time...): the row mapper's
+            doc[k] = v
+        if self._sources:
+            source = image.get(_SOURCE)
+            if source is not None and type(source) is not dict:
                 return None
-            doc[_SOURCE] = {k: source[k] for k in self._source_keys if k in source}
-        try:
-            return op, orjson.dumps(doc, option=_DUMPS)
-        except (TypeError, orjson.JSONEncodeError):
-            return None
+            for flat, key in self._sources:
+                v = source.get(key) if source is not None else None
+                if type(v) not in _JSON_TYPES:
+                    return None
+                doc[flat] = v
+        return op, doc
 
     def _merged(self, upserts: Any, up_at: list[int], deletes: Any, del_at: list[int]) -> tuple[Any, list[int], int]:
         """One table of the upserts' rows then the deletes' (their other columns null), with the flags;

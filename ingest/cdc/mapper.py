@@ -240,6 +240,7 @@ class ChangeMapper:
                                      if names[i] in key_names else columns[names[i]]) for i in self._positions}
         self._deletes = Mapper(delete_columns, None, decoder=decoder, key_decoder=key_decoder)
         self._filler = tuple(sink.delete_filler())
+        self._sink_columns = dict(sink.columns)
         self._debezium = settings.envelope == "debezium"
         self._soft = getattr(settings.deletes, "mode", "hard") == "soft"
         self._tombstones = settings.effective_tombstones
@@ -288,15 +289,24 @@ class ChangeMapper:
 
     def columnar_plan(self, key_index: tuple[int, ...] | None, version_index: int | None = None) -> Any:
         """A :class:`~ingest.cdc.columnar.ChangePlan` of this mapper's upserts and deletes (Debezium, no
-        transforms, integer or text key columns, the delete columns staged as the upserts' are), or None."""
+        transforms, integer or text key columns, every ``$`` column reading a top-level key of the row
+        image and every ``@source`` column a key of the source block), or None."""
         if not self._debezium or self._transformer is not None or not key_index:
             return None
         from ingest.cdc.columnar import ChangePlan, text_keys  # imports pyarrow
         from ingest.core.mapping.columnar import VERSION_KINDS
 
-        upserts = self._upserts.columnar_plan(None, None)
-        deletes = self._deletes.columnar_plan(None, None)
-        if upserts is None or deletes is None:
+        flat = self._flat_columns()
+        if flat is None:
+            return None
+        columns, sources = flat
+        names = list(columns)
+        keys = {names[i] for i in key_index}
+        upserts = Mapper(columns, None).columnar_plan(None, None)
+        deletes = Mapper({names[i]: (columns[names[i]].model_copy(update={"required": True})
+                                     if names[i] in keys else columns[names[i]]) for i in self._positions},
+                         None).columnar_plan(None, None)
+        if upserts is None or deletes is None or upserts.nested or deletes.nested:
             return None
         kinds = upserts.columns
         if any(kinds[i].kind not in ("int", "text") or kinds[i].default is not None for i in key_index):
@@ -305,17 +315,31 @@ class ChangeMapper:
             return None
         if any(d.kind != kinds[p].kind or d.aware != kinds[p].aware for d, p in zip(deletes.columns, self._positions)):
             return None
-        fast_columns = self._upserts.columnar_columns()
-        routes = (self._upserts.columnar_plan(key_index, None),
-                  self._deletes.columnar_plan(tuple(self._positions.index(i) for i in key_index), None))
-        read_keys, nested = self._upserts.columnar_keys()
-        for path in nested:
-            if path[0] == _SOURCE_KEY and len(path) < 2:
-                return None
-        source_keys = sorted({path[1] for path in nested if path[0] == _SOURCE_KEY})
+        fast_columns = Mapper(columns, None).columnar_columns()
+        route = [(fast_columns[i].doc_key, kinds[i]) for i in key_index]
         return ChangePlan(self, upserts, deletes, self._positions, key_index, version_index,
-                          text_keys(fast_columns, kinds), None if None in routes else routes,
-                          merge_deletes=self._soft, read_keys=read_keys, source_keys=source_keys)
+                          text_keys(fast_columns, kinds), sources=sources, merge_deletes=self._soft,
+                          route=route if all(k is not None for k, _ in route) else None)
+
+    def _flat_columns(self) -> tuple[dict[str, Any], list[tuple[str, str]]] | None:
+        """The sink's columns with each ``@source.KEY`` source read from a top-level key of its own instead
+        (``__source_<n>``), and those keys with the source block's key each stands for; None when a column
+        reads a deeper path of the source block, or one of those names."""
+        columns: dict[str, Any] = {}
+        sources: list[tuple[str, str]] = []
+        for name, spec in self._sink_columns.items():
+            source = spec.source or ""
+            if source.startswith("@source."):
+                path = source[len("@source."):]
+                if "." in path or "[" in path or not path:
+                    return None
+                flat = f"__source_{len(sources)}"
+                sources.append((flat, path))
+                spec = spec.model_copy(update={"source": "$." + flat})
+            elif "__source_" in source:
+                return None
+            columns[name] = spec
+        return columns, sources
 
     def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
         """``(row, ordering_key)``: an upsert's row or a :class:`DeleteRow`. Raises InvalidRecord, NoChange."""

@@ -282,6 +282,10 @@ class ColumnarPlan:
         decoded_as = [next(iter(staged_as[key])) if len(staged_as.get(key, ())) == 1 else None for key in keys]
         self._transform = None if transform is None else transform.bind(keys)
         nested = nested or {}
+        #: the document keys the plan reads, in the decoder's field order (:meth:`build_fields`)
+        self.keys = list(keys)
+        #: the document paths of more than one key the plan reads, by column position
+        self.nested = dict(nested)
         if self._transform is not None:  # the columns read computed values: each is checked
             assert not nested, "transforms read top-level fields: no nested paths (Mapper.columnar_plan)"
             decoded_as = [None] * len(keys)
@@ -481,6 +485,28 @@ class ColumnarPlan:
         filtered: dict[str, list[int]] = {}
         if self._transform is not None:  # the transforms' results, and the records they filtered
             by_field, filtered = self._transform.apply(by_field, fields, rejected, n)
+        return self._columns(fields, by_field, rejected, filtered, n, True)
+
+    def build_fields(self, records: Sequence[Record], values: dict[str, list[Any]],
+                     listed: dict[str, list[Any]] | None = None) -> ColumnarBatch | None:
+        """:meth:`build` of documents decoded elsewhere: ``values``, each document key the plan reads
+        (:attr:`keys`) with its values over the batch as a JSON decode gives them (None where missing;
+        every value's type is checked, none is trusted to a decoder). For a plan without transforms or
+        nested paths. Never raises for any record content."""
+        assert self._transform is None and not self.nested, "documents decoded elsewhere: top-level keys only"
+        n = len(records)
+        if n == 0:
+            return None
+        fields = BatchFields(records, listed)
+        if fields("origin").count(None) != n:
+            return None  # republished records: the row path
+        return self._columns(fields, [values[k] for k in self.keys], set(), {}, n, False)
+
+    def _columns(self, fields: BatchFields, by_field: list[Sequence[Any]], rejected: set[int],
+                 filtered: dict[str, list[int]], n: int, decoded: bool) -> ColumnarBatch | None:
+        """The rest of :meth:`build` once the documents' fields are listed (``by_field``: in :attr:`keys`
+        order); ``decoded``: by the plan's own decoder, whose type checks a column may rely on."""
+        pa, pc = self._pa, self._pc
         arrays = []
         # each key column's values as Python objects equal where the row mapper's values are (the
         # collapse's keys); None for the other columns
@@ -490,7 +516,7 @@ class ColumnarPlan:
             kind = staged.kind
             column = reader(by_field, fields)
             types = None
-            if not typed:
+            if not (typed and decoded):
                 types = set(map(type, column))
                 if not types <= _STAGED_TYPES[kind]:
                     # some value needs the row mapper's coercion
