@@ -279,6 +279,12 @@ class ChangeMapper:
         why = self._upserts.columnar_refusal(None, version_index) or self._deletes.columnar_refusal(None, None)
         if why is not None:
             return why
+        flat = self._flat_columns()
+        if flat is None:
+            return "a column reads a nested path of the source block (the tier reads @source.KEY)"
+        if Mapper(flat[0], None).columnar_plan(None, None) is None or Mapper(flat[0], None).columnar_plan(
+                None, None).nested:
+            return "a column reads a nested path of the row image (the tier reads its top-level keys)"
         plan = self._upserts.columnar_plan(None, None)
         if plan is not None:
             for i in key_index or ():
@@ -302,7 +308,8 @@ class ChangeMapper:
         columns, sources = flat
         names = list(columns)
         keys = {names[i] for i in key_index}
-        upserts = Mapper(columns, None).columnar_plan(None, None)
+        flat_mapper = Mapper(columns, None)
+        upserts = flat_mapper.columnar_plan(None, None)
         deletes = Mapper({names[i]: (columns[names[i]].model_copy(update={"required": True})
                                      if names[i] in keys else columns[names[i]]) for i in self._positions},
                          None).columnar_plan(None, None)
@@ -315,7 +322,7 @@ class ChangeMapper:
             return None
         if any(d.kind != kinds[p].kind or d.aware != kinds[p].aware for d, p in zip(deletes.columns, self._positions)):
             return None
-        fast_columns = Mapper(columns, None).columnar_columns()
+        fast_columns = flat_mapper.columnar_columns()
         route = [(fast_columns[i].doc_key, kinds[i]) for i in key_index]
         return ChangePlan(self, upserts, deletes, self._positions, key_index, version_index,
                           text_keys(fast_columns, kinds), sources=sources, merge_deletes=self._soft,

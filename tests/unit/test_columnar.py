@@ -767,3 +767,34 @@ def test_text_shaped_like_big_numbers_does_not_stop_skipping_keys():
     assert _skippable(b'{"id": 1, "s": "4a1b-9e123-0e456", "u": "Chrome/131.0.0.0", "v": 1e99}\n{"id": 2, "w": "a1e300"}')
     assert not _skippable(b'{"id": 1, "s": "x"}\n{"id": 2, "w": [1, -1.5E+300]}')
     assert not _skippable(b'{"id": 1, "w": ' + b"1" * 70 + b'}')
+
+
+CDC_COLUMNS = {"id": {"type": "bigint"}, "name": {"type": "text"}, "lsn": {"type": "bigint", "source": "@source.lsn"}}
+
+
+@pytest.mark.parametrize(("overrides", "columns", "tier"), [
+    ({"envelope": "debezium"}, CDC_COLUMNS, "columnar"),  # hard deletes (the default mode)
+    ({"envelope": "debezium", "deletes": {"mode": "soft"}}, CDC_COLUMNS, "columnar"),
+    ({"envelope": "debezium", "lanes": 3}, CDC_COLUMNS, "columnar"),  # routed by ChangePlan.lane_keys
+    ({"tombstones": "delete"}, {"id": {"type": "bigint", "source": "@key"}, "name": {"type": "text"}},
+     "rows (deletes by tombstones (envelope: none) are written by rows)"),
+    ({"envelope": "debezium", "transforms": [{"set": {"n": "1"}}]}, CDC_COLUMNS,
+     "rows (a change pipeline's transforms run on the row path)"),
+    ({"envelope": "debezium"}, {**CDC_COLUMNS, "name": {"type": "text", "source": "$.a.b"}},
+     "rows (a column reads a nested path of the row image (the tier reads its top-level keys))"),
+    ({"envelope": "debezium"}, {**CDC_COLUMNS, "lsn": {"type": "bigint", "source": "@source.a.b"}},
+     "rows (a column reads a nested path of the source block (the tier reads @source.KEY))"),
+])
+def test_a_change_pipeline_has_the_tier_where_it_is_exact(overrides, columns, tier):
+    """Issue #38 item 1: Debezium JSON with hard or soft deletes into PostgreSQL takes the tier; what it
+    cannot vouch for says why."""
+    from ingest.cdc.mapper import mapper_for
+    from ingest.runner.columnar import write_tier
+
+    p = PipelineSettings.model_validate({
+        "name": "p", "topics": ["t"], **overrides,
+        "sink": {"kind": "postgres", "dsn": "postgresql://u@h/d", "table": "t", "conflict_key": ["id"],
+                 "columns": columns, **({"version_column": "lsn"} if "lsn" in columns else {})}})
+    sink = _ColumnarSink()
+    assert write_tier(p, sink, columnar_capable=True, exactly_once=False, mapper=lambda: mapper_for(p)) == tier
+    assert (sink.staged is not None) is (tier == "columnar")

@@ -362,13 +362,6 @@ class Mapper:
             return f"the version column {name!r} is {full}, not an integer or timestamp column"
         return None
 
-    def columnar_keys(self) -> tuple[list[str], list[tuple[str, ...]]]:
-        """The document's top-level keys a columnar plan reads and its nested paths (of more than one
-        key), or ``([], [])`` when no plan can be made."""
-        if self._columnar_source is None:
-            return [], []
-        return list(self._columnar_source[1]), list((self._columnar_nested or {}).values())
-
     def columnar_columns(self) -> list[Any]:
         """The compiled columns a columnar plan reads (:class:`~ingest.core.mapping.fastmap.FastColumn`,
         in column order), or ``[]`` when no plan can be made."""
