@@ -47,7 +47,8 @@ def mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,
                key_decoder: Decoder | None = None) -> Any:
     """The mapper of ``settings`` (:func:`_mapper_for`), wrapped in a
     :class:`~ingest.mirror.router.RoutingMapper` when ``sink.table`` is a template."""
-    mapper = _mapper_for(settings, decoder=decoder, key_decoder=key_decoder)
+    mapper = (_auto_mapper(settings, decoder, key_decoder) if settings.auto_columns
+              else _mapper_for(settings, decoder=decoder, key_decoder=key_decoder))
     if not settings.routes_tables:
         return mapper
     from ingest.mirror.names import Reserved
@@ -59,6 +60,24 @@ def mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,
                          deletes=settings.has_deletes, database=getattr(settings.sink, "database", "default"))
     decode = (decoder or JsonDecoder()).decode
     return RoutingMapper(mapper, router, decode)
+
+
+def _auto_mapper(settings: PipelineSettings, decoder: Decoder | None, key_decoder: Decoder | None) -> Any:
+    """The :class:`~ingest.mirror.auto.AutoMapper` of a ``columns: auto`` pipeline: values coerced by the
+    row mapper's coercer of each column type."""
+    from ingest.config.base import ColumnSpec
+    from ingest.core.mapping.mapper import column_coercer
+    from ingest.mirror.auto import AutoMapper
+
+    dialect = settings.sink.kind
+
+    def coercer(type_text: str, nullable: bool) -> tuple[Any, bool]:
+        return column_coercer(ColumnSpec(type=type_text, required=not nullable), dialect)
+
+    soft = settings.deletes.soft_column if settings.has_deletes and settings.deletes.mode == "soft" else None
+    return AutoMapper(dialect=dialect, envelope=settings.envelope, fmt=settings.format, decoder=decoder,
+                      key_decoder=key_decoder, coercer=coercer, tombstones=settings.effective_tombstones,
+                      truncate=settings.truncate, reserved_columns=(soft,) if soft else ())
 
 
 def _mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,

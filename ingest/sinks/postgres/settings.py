@@ -62,6 +62,13 @@ class PostgresSinkSettings(SinkSettingsBase):
     #: at_least_once: idempotent upserts, Kafka commits; exactly_once: offsets stored in the
     #: same transaction as the rows (see ingest/sinks/postgres/exactly_once.py); needs the DLQ in this database.
     delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    #: ``columns: auto`` (ingest.mirror.auto): each table's columns and key come from the schema its
+    #: records were written with; set from ``columns: auto``, never written by hand.
+    auto_columns: bool = False
+    #: With ``columns: auto``: how a table follows its schema (ingest.mirror.evolve): ``off`` (a
+    #: difference is ``schema_incompatible``), ``add_columns`` (new fields become nullable columns),
+    #: ``add_and_widen`` (also int → bigint, float → double, varchar(n) → text, decimal precision up).
+    evolve: Literal["off", "add_columns", "add_and_widen"] = "add_columns"
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, hide_input_in_errors=True)
 
@@ -74,7 +81,7 @@ class PostgresSinkSettings(SinkSettingsBase):
     @classmethod
     def _version_required(cls, data: Any) -> Any:
         """A version column without a default is required: a NULL version could never update its row."""
-        return _add_source_columns(_require_version(data))
+        return _add_source_columns(_require_version(auto_columns(data)))
 
     @property
     def tracks_sources(self) -> bool:
@@ -142,6 +149,8 @@ class PostgresSinkSettings(SinkSettingsBase):
 
     @model_validator(mode="after")
     def _keys(self) -> PostgresSinkSettings:
+        if self.auto_columns and self.write_method != "copy":
+            raise ValueError("columns: auto needs write_method copy (each table's rows are staged)")
         missing = [k for k in self.conflict_key if k not in self.columns]
         if missing:
             raise ValueError(f"conflict_key {missing} not among columns {list(self.columns)}")
@@ -156,6 +165,30 @@ class PostgresSinkSettings(SinkSettingsBase):
 
 
 
+def auto_columns(data: Any) -> Any:
+    """Raw sink settings with ``columns: auto`` → the carrier columns of :mod:`ingest.mirror.auto` and
+    ``auto_columns: true``; ``conflict_key`` must then be ``auto`` or left out (each table's key is its
+    records' key). Other settings pass unchanged."""
+    if not isinstance(data, dict):
+        return data
+    if data.get("columns") != "auto":
+        if data.get("conflict_key") == "auto":
+            raise ValueError("conflict_key: auto goes with columns: auto (the key of a schema's table)")
+        return data
+    from ingest.mirror.auto import CARRIER_KEY, carrier_columns  # the mirror package imports no settings
+
+    if data.get("conflict_key", "auto") != "auto":
+        raise ValueError("columns: auto takes each table's key from its records' key: set conflict_key: auto "
+                         "(or leave it out)")
+    for name in ("version_column",):
+        if data.get(name) is not None:
+            raise ValueError(f"{name}: not supported with columns: auto yet (records apply in log order)")
+    if data.get("on_conflict", "update") != "update":
+        raise ValueError("columns: auto upserts keyed tables and appends to tables without a key: "
+                         "leave on_conflict out")
+    return {**data, "columns": carrier_columns(), "conflict_key": [CARRIER_KEY], "auto_columns": True}
+
+
 def _add_source_columns(data: Any) -> Any:
     """Add the hidden source columns to raw settings of a table that updates rows (see the module
     docstring); a user column may not take a reserved name."""
@@ -165,6 +198,8 @@ def _add_source_columns(data: Any) -> Any:
     if not isinstance(columns, dict) or not columns:
         return data
     for name, spec in columns.items():
+        if data.get("auto_columns"):
+            break  # the carrier columns (ingest.mirror.auto)
         if str(name).startswith(RESERVED_PREFIX) and SOURCE_COLUMNS.get(name) != _plain(spec):
             raise ValueError(f"column {name!r}: names starting with {RESERVED_PREFIX!r} are reserved for ingest")
     if all(name in columns for name in SOURCE_COLUMNS):

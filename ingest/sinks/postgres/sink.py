@@ -35,7 +35,8 @@ from psycopg_pool import ConnectionPool
 from ingest.config.cdc import DeleteSettings
 from ingest.drivers.postgres import check_dsn, connect, make_pool, pooled, translate
 from ingest.sinks.base import InTransaction, RowSource
-from ingest.errors import PermanentError
+from ingest.errors import PermanentError, TransientError
+from ingest.sinks.postgres.auto import UNDEFINED, AutoTables
 from ingest.sinks.postgres.children import ChildTable
 from ingest.sinks.postgres.columnar import ColumnarStatements, csv_bytes
 from ingest.sinks.postgres.settings import OFFSET_COLUMN, STREAM_COLUMN, PostgresSinkSettings
@@ -89,7 +90,9 @@ class PostgresSink:
         self._staged: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
         #: routed without deletes: one stage per session for every table (rows carry their table's number)
         self._shared = (UpsertStatements(cfg, shared_stage=stage_name(cfg.db_schema, cfg.table))
-                        if routed and deletes is None else None)
+                        if routed and deletes is None and not cfg.auto_columns else None)
+        #: columns: auto: the tables made from the records' schemas (:mod:`.auto`)
+        self._auto = AutoTables(cfg, deletes) if cfg.auto_columns else None
         self._children = tuple(children)
         self._deletes = DeleteStatements(cfg, deletes) if deletes is not None else None
         self._sql = UpsertStatements(cfg, self._deletes)
@@ -240,6 +243,17 @@ class PostgresSink:
     def row_sources(self, keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], RowSource]:
         """Where the rows with these conflict keys were last written from (rows that do not exist are
         left out). Only for tables with source columns (``tracks_sources``)."""
+        if self._auto is not None:  # keys are (the key's values, table)
+            by_auto: dict[str, list[tuple[Any, ...]]] = {}
+            for key in keys:
+                by_auto.setdefault(key[-1], []).append(key[0])
+            out: dict[tuple[Any, ...], RowSource] = {}
+            for table, table_keys in by_auto.items():
+                t = self._auto.known(table)
+                if t is None or STREAM_COLUMN not in t.cfg.columns:
+                    continue  # not written by this process yet, or append-only: nothing to guard
+                out.update({(k, table): source for k, source in self._row_sources(t.cfg, table_keys).items()})
+            return out
         if self._routed:  # the keys end with their table (ingest.mirror.router): ask each table
             by_table: dict[str, list[tuple[Any, ...]]] = {}
             for key in keys:
@@ -271,6 +285,9 @@ class PostgresSink:
     def write_rows_in(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
         """Write ``rows`` inside the caller's open transaction; several such writes may share it
         (exactly-once savepoints), so the stage is emptied after each."""
+        if self._auto is not None:
+            self._write_auto(conn, rows)
+            return
         if self._routed:
             self._write_routed(conn, rows)
             return
@@ -299,6 +316,26 @@ class PostgresSink:
                 conn.execute(t.sql.create_stage)
             self._write_rows(conn, table_rows, t.sql, t.deletes, t)
             conn.execute(t.sql.clear_stage)
+
+    def _write_auto(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
+        """``columns: auto``: each table's rows (carriers opened by :mod:`.auto`), in the caller's
+        transaction, one COPY and one upsert per table; a table altered behind ingest's back is forgotten
+        (the retry reads the catalog and repairs it)."""
+        auto = self._auto
+        assert auto is not None
+        by_table: dict[str, list[tuple[Any, ...]]] = {}
+        for row in rows:
+            by_table.setdefault(table_of(row), []).append(row)
+        try:
+            for name, carriers in by_table.items():
+                t = auto.known(name)
+                if t is None:  # forgotten since prepare() (another lane met it altered): the retry reads it again
+                    raise TransientError(f"table {name!r} is being read again from the catalog")
+                self._write_rows(conn, auto.rows_for(t, carriers), t.sql, t.deletes, t)
+                conn.execute(t.sql.clear_stage)
+        except UNDEFINED:
+            auto.forget(by_table)
+            raise
 
     def _write_shared(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
         shared = self._shared
@@ -329,7 +366,9 @@ class PostgresSink:
         """What a batch of ``rows`` needs before its transaction opens (autocommit; ``None`` rows are
         skipped): routed, each table ensured (DDL never runs inside a batch's transaction, where it would
         hold the table's lock, or wait on another writer's, for the batch's whole life) and its stage."""
-        if self._routed:
+        if self._auto is not None:
+            self._auto.prepare(conn, rows)
+        elif self._routed:
             tables = {table_of(row) for row in rows if row is not None}
             if tables:
                 self._stage_tables(conn, tables)

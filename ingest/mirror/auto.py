@@ -1,0 +1,280 @@
+"""``columns: auto``: each record's row from the schema it was written with (issue #36).
+
+A pipeline whose ``sink.columns`` is ``auto`` has no column list: each record names its table's
+columns and key by its schema --
+
+- Debezium's JSON converter with ``schemas.enable=true`` (``format: json``): the ``schema`` part of
+  the value (the envelope's ``after`` struct, or the struct itself without ``envelope: debezium``)
+  and of the key;
+- Avro through the Schema Registry (``format: avro``): the value's writer schema (the envelope's
+  ``after`` record with ``envelope: debezium``) and, with ``key_format: avro``, the key's.
+
+:class:`AutoMapper` keeps the mapper's contract (``map(record) -> (row, ordering_key)``, raising
+:class:`~ingest.errors.InvalidRecord` for poison and :class:`~ingest.errors.NoChange` for records
+without a row). Its rows are *carriers* of a fixed width, so everything that works on rows (collapse
+by key, lanes, isolation, replay, exactly-once) works unchanged; only the sink opens them
+(:mod:`ingest.sinks.postgres.auto`)::
+
+    (key, shape, values, stream, offset)        + the table, appended by the router
+
+- ``key``: the values of the record's key columns, a tuple (a table without a key: the record's
+  position, so no two records collapse);
+- ``shape``: the :class:`RowShape` of the record's schema -- the table shape it wants (the sink
+  creates or evolves the table from the union of a batch's shapes, :mod:`.evolve`);
+- ``values``: :class:`ShapedValues` -- the values in the order of their own shape's columns, each
+  coerced by the column type's coercer (the row mapper's, so a value is poison here exactly when it
+  would be with a hand-written column list); None for a delete;
+- ``stream``, ``offset``: where the record was read (the hidden source columns: the order guard).
+
+A delete is a :class:`~ingest.types.DeleteRow` carrier whose ``values`` is None (its key and source
+only): a soft delete that collapse merges with an earlier upsert takes that upsert's values, which
+carry their own shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ingest.core.mapping.common import _Bad
+from ingest.core.routing import stream_id
+from ingest.errors import IngestError, InvalidRecord, NoChange
+from ingest.mirror.errors import SchemaIncompatible
+from ingest.mirror.shape import Shape, shape_from_avro, shape_from_connect
+from ingest.types import DeleteRow, Record
+
+__all__ = ["AutoMapper", "CARRIER_KEY", "RowShape", "ShapedValues", "carrier_columns"]
+
+#: The carrier columns (see the module docstring); the sink adds its hidden source columns after them.
+CARRIER_KEY, CARRIER_SHAPE, CARRIER_VALUES = "_ingest_key", "_ingest_shape", "_ingest_values"
+KEY_AT, SHAPE_AT, VALUES_AT, STREAM_AT, OFFSET_AT = 0, 1, 2, 3, 4
+#: Shapes remembered per mapper (schemas seen); cleared when full.
+SHAPE_CACHE_SIZE = 1024
+
+
+def carrier_columns() -> dict[str, dict[str, str]]:
+    """The sink settings' columns of a ``columns: auto`` pipeline (raw, as a config would give them)."""
+    return {CARRIER_KEY: {"type": "text"}, CARRIER_SHAPE: {"type": "text"}, CARRIER_VALUES: {"type": "text"}}
+
+
+class RowShape:
+    """A schema's table shape and how its records become values: the columns' coercers, the key's
+    positions. Compared by identity: one object per distinct schema (the mapper's cache)."""
+
+    __slots__ = ("shape", "names", "_plan", "key_positions")
+
+    def __init__(self, shape: Shape, coercer: Callable[[str, bool], Any]) -> None:
+        """``coercer(type, nullable) -> (coerce, required)``: the mapper's coercer of a column type."""
+        self.shape = shape
+        self.names = shape.names
+        self._plan = tuple((c.name, c.from_key, *coercer(c.type, c.nullable)) for c in shape.columns)
+        self.key_positions = tuple(self.names.index(k) for k in shape.key)
+
+    def values(self, image: Any, key_doc: Any) -> tuple[Any, ...]:
+        """The values of ``image`` (a row image, a dict) in column order; key columns the value lacks from
+        ``key_doc``. Raises InvalidRecord naming the column."""
+        if type(image) is not dict:
+            raise InvalidRecord("map", "not_an_object", f"the row image is not a record: {str(image)[:80]}")
+        out = []
+        name = ""
+        try:
+            for name, from_key, coerce, required in self._plan:
+                raw = (key_doc.get(name) if type(key_doc) is dict else None) if from_key else image.get(name)
+                if raw is None:
+                    if required:
+                        raise _Bad("missing_field", "required value is missing or null")
+                    out.append(None)
+                else:
+                    out.append(coerce(raw))
+        except _Bad as exc:
+            raise InvalidRecord("map", exc.error_class, f"column {name!r}: {exc.detail}") from None
+        except Exception as exc:  # noqa: BLE001 - never let a record crash the pipeline
+            raise InvalidRecord("map", "invalid_value", f"column {name!r}: {type(exc).__name__}: {exc}"[:300]) from None
+        return tuple(out)
+
+    def key_values(self, image: Any, key_doc: Any) -> tuple[Any, ...]:
+        """The key columns' values of a delete's image (or of the record key), in key order."""
+        values = []
+        for position in self.key_positions:
+            name, from_key, coerce, _required = self._plan[position]
+            source = key_doc if from_key or type(image) is not dict else image
+            raw = source.get(name) if type(source) is dict else None
+            if raw is None and type(key_doc) is dict:
+                raw = key_doc.get(name)
+            if raw is None:
+                raise InvalidRecord("map", "missing_field", f"a delete without key column {name!r}")
+            try:
+                values.append(coerce(raw))
+            except _Bad as exc:
+                raise InvalidRecord("map", exc.error_class, f"column {name!r}: {exc.detail}") from None
+        return tuple(values)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ShapedValues:
+    """A record's values with the shape they are ordered by."""
+
+    shape: RowShape
+    values: tuple[Any, ...]
+
+
+class AutoMapper:
+    """Records → carrier rows (see the module docstring). One thread (the pipeline's, or replay's)."""
+
+    def __init__(self, *, dialect: str, envelope: str, fmt: str, decoder: Any, key_decoder: Any,
+                 coercer: Callable[[str, bool], Any], tombstones: str, truncate: str,
+                 reserved_columns: tuple[str, ...] = ()) -> None:
+        """``fmt``: ``json`` (Kafka Connect schema parts) or ``avro`` (the registry's writer schemas);
+        ``decoder`` / ``key_decoder``: the pipeline's value and key decoders (None: JSON);
+        ``tombstones`` / ``truncate``: the pipeline's settings of those names."""
+        if fmt not in ("json", "avro"):
+            raise ValueError(f"columns: auto reads schemas of format json (with schemas) or avro, not {fmt!r}")
+        self._dialect = dialect
+        self._debezium = envelope == "debezium"
+        self._avro = fmt == "avro"
+        self._decoder = decoder
+        self._key_decoder = key_decoder
+        self._coercer = coercer
+        self._tombstones = tombstones
+        self._truncate = truncate
+        self._reserved = reserved_columns
+        self._shapes: dict[Any, RowShape] = {}
+        self.column_names = [CARRIER_KEY, CARRIER_SHAPE, CARRIER_VALUES, "_ingest_stream", "_ingest_offset"]
+        self.column_types = ["text", "text", "text", "bigint", "bigint"]
+
+    #: the mapper interface the runner reads (no fast or typed tiers here)
+    fast_misses = 0
+    typed_misses = 0
+
+    def review_typed(self, offered: int) -> None:
+        """Nothing to review: no typed tier."""
+
+    @property
+    def skips_tombstones(self) -> bool:
+        """Every tombstone is a NoChange (Debezium's follow their delete event; ``tombstones: skip``)."""
+        return self._debezium or self._tombstones == "skip"
+
+    def columnar_plan(self, key_index: Any, version_index: Any = None) -> None:
+        return None
+
+    def columnar_refusal(self, key_index: Any, version_index: Any = None) -> str:
+        return "columns: auto maps each record by its own schema"
+
+    # -- mapping ---------------------------------------------------------------------------------
+    def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
+        if record.value is None:
+            if self.skips_tombstones:
+                raise NoChange("tombstone")
+            raise InvalidRecord("decode", "tombstone", "record value is null (tombstone)")
+        doc = self._decode(record)
+        key_doc, key_schema = self._key(record)
+        if self._avro:
+            ref = _schema_ref(record)
+            schema = self._decoder.store.prepared(ref)
+            cache_key: Any = (ref, key_schema if key_schema is None or isinstance(key_schema, int) else id(key_schema))
+            payload = doc
+        else:
+            if type(doc) is not dict or set(doc) != {"schema", "payload"}:
+                raise InvalidRecord("map", "no_schema", "columns: auto needs the value's schema part "
+                                    "(Kafka Connect JSON with schemas.enable=true)")
+            schema = doc["schema"]
+            payload = doc
+            cache_key = (orjson.dumps(schema, option=orjson.OPT_SORT_KEYS),
+                         None if key_schema is None else orjson.dumps(key_schema, option=orjson.OPT_SORT_KEYS))
+        shape = self._shapes.get(cache_key)
+        if shape is None:
+            shape = self._shape(cache_key, schema, key_schema, record)
+        position = record.source_position
+        stream, offset = stream_id(position[0], position[1]), position[2]
+        if not self._debezium:
+            image = payload["payload"] if not self._avro else payload
+            values = shape.values(image, key_doc)
+            return (self._key_of(shape, values, stream, offset), shape, ShapedValues(shape, values), stream,
+                    offset), record.key
+        from ingest.cdc.debezium import unwrap  # the change event's images, values converted
+
+        change = unwrap(payload)
+        if change.op in ("c", "r", "u"):
+            values = shape.values(change.after, key_doc)
+            return (self._key_of(shape, values, stream, offset), shape, ShapedValues(shape, values), stream,
+                    offset), record.key
+        if change.op == "d":
+            if not shape.key_positions:
+                raise NoChange("a delete in a table without a key: nothing to delete by")
+            key = shape.key_values(change.before, key_doc)
+            return DeleteRow((key, shape, None, stream, offset)), record.key
+        if self._truncate == "ignore":
+            raise NoChange("truncate ignored")
+        raise InvalidRecord("map", "truncate", "a truncate event (op t) cannot be applied by key; "
+                            "it is dead-lettered (truncate: dlq)")
+
+    @staticmethod
+    def _key_of(shape: RowShape, values: tuple[Any, ...], stream: int, offset: int) -> tuple[Any, ...]:
+        if not shape.key_positions:
+            return ("", stream, offset)  # append-only: every record its own row
+        return tuple(values[i] for i in shape.key_positions)
+
+    def _decode(self, record: Record) -> Any:
+        if self._decoder is None:
+            try:
+                return orjson.loads(record.value)  # type: ignore[arg-type]
+            except orjson.JSONDecodeError as exc:
+                raise InvalidRecord("decode", "invalid_json", f"record value is not JSON: {exc}"[:300]) from None
+        try:
+            return self._decoder.decode(record)
+        except IngestError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a decoder's bug must not crash the pipeline
+            raise InvalidRecord("decode", "undecodable", f"record value could not be decoded: {exc}"[:300]) from None
+
+    def _key(self, record: Record) -> tuple[Any, Any]:
+        """``(the key's fields, the key's schema)``: Avro keys with the key decoder (schema: its id), JSON
+        keys with their schema part; ``(None, None)`` for a key that names no schema."""
+        if record.key is None:
+            return None, None
+        if self._key_decoder is not None and getattr(self._key_decoder, "store", None) is not None:
+            try:
+                doc = self._key_decoder.decode(record)
+                ref = _schema_ref(record, "key")
+            except IngestError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                raise InvalidRecord("decode", "undecodable", f"record key could not be decoded: {exc}"[:300]) from None
+            return doc, ref
+        try:
+            doc = orjson.loads(record.key)
+        except orjson.JSONDecodeError:
+            return None, None  # a key that is not JSON names no columns
+        if type(doc) is dict and set(doc) == {"schema", "payload"}:
+            from ingest.cdc.debezium import unwrap_key
+
+            return unwrap_key(doc), doc["schema"]
+        return None, None
+
+    def _shape(self, cache_key: Any, schema: Any, key_schema: Any, record: Record) -> RowShape:
+        try:
+            if self._avro:
+                key_avro = (self._key_decoder.store.prepared(key_schema) if isinstance(key_schema, int) else None)
+                shape = shape_from_avro(schema, self._dialect, key_schema=key_avro, envelope=self._debezium,
+                                        reserved_columns=self._reserved)
+            else:
+                shape = shape_from_connect(schema, self._dialect, key_schema=key_schema, envelope=self._debezium,
+                                           reserved_columns=self._reserved)
+        except SchemaIncompatible:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a malformed schema part is the record's fault
+            raise SchemaIncompatible("unsupported_schema",
+                                     f"its schema cannot be read: {type(exc).__name__}: {exc}"[:300]) from None
+        if len(self._shapes) >= SHAPE_CACHE_SIZE:
+            self._shapes.clear()
+        row_shape = self._shapes[cache_key] = RowShape(shape, self._coercer)
+        return row_shape
+
+
+def _schema_ref(record: Record, field: str = "value") -> Any:
+    from ingest.formats import wire
+
+    return wire.split(record, field)[0]  # type: ignore[arg-type]

@@ -1,0 +1,232 @@
+"""``columns: auto`` (issue #36 items 3, 4): tables created and evolved from the records' schemas.
+
+Real broker, real PostgreSQL, ``python -m ingest`` subprocesses. Ground truth is the simulated source
+tables (:mod:`harness.cdc_source`) and, for evolution, a small hand-made Debezium stream whose schema
+changes mid-run: every sink table must end equal to its source, with the columns the schemas say,
+committed offsets at the log end; what a table cannot take is dead-lettered (``schema_incompatible``)
+while the other tables flow, and ``replay-dlq`` writes it once the table is fixed.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from harness import run_ingest, start_ingest, write_config
+from harness.cdc_source import SourceTable, produce_stream
+from harness.debezium import Field, encode_event, encode_key
+from harness.kafka import TEST_CONSUMER_SETTINGS, create_topic, produce
+from pipeline_helpers import assert_committed_at_log_end, dlq_rows, read_summary, wait_assigned, wait_until
+
+pytestmark = pytest.mark.timeout(420)
+
+PIPELINE = "mirror"
+#: source tables: plain names, one with a dot (becomes ``_``), one needing quotes
+TABLES = ["customers", "orders", "items.v2", 'Order "Lines"', "payments", "shipments"]
+KEY = (Field("id", "int64", optional=False),)
+
+
+def _config(tmp_path: Path, bootstrap: str, pg_dsn: str, group_id: str, topics: list[str], **sink: Any) -> Path:
+    pipeline = {
+        "name": PIPELINE, "topics": topics, "topic_refresh_s": 2, "group_id": group_id, "envelope": "debezium",
+        "deletes": {"mode": "hard"}, "lanes": 2, "commit_interval_ms": 200, "shutdown_timeout_s": 10,
+        "batch": {"max_rows": 300, "max_latency_ms": 100},
+        "sink": {"kind": "postgres", "dsn": pg_dsn, "table": "{source.table}", "columns": "auto", **sink},
+        "dlq": {"kind": "postgres", "dsn": pg_dsn},
+    }
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": bootstrap,
+                                               "client": dict(TEST_CONSUMER_SETTINGS)}, "pipelines": [pipeline]})
+    res = run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return config
+
+
+def sink_rows(dsn: str, table: str, columns: str = "id, name, price, qty, updated_at") -> dict[int, tuple]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(psycopg.sql.SQL("SELECT {} FROM {}").format(
+            psycopg.sql.SQL(columns), psycopg.sql.Identifier("public", table))).fetchall()
+    return {r[0]: tuple(r[1:]) for r in rows}
+
+
+def _naive(ts: datetime | None) -> datetime | None:
+    return ts.astimezone(timezone.utc).replace(tzinfo=None) if ts is not None and ts.tzinfo else ts
+
+
+def source_rows(source: SourceTable) -> dict[int, tuple]:
+    return {i: (r.name, r.price, r.qty, _naive(r.updated_at)) for i, r in source.rows.items()}
+
+
+def table_columns(dsn: str, table: str) -> dict[str, tuple[str, bool]]:
+    """column → (type as format_type spells it, NOT NULL)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull FROM pg_attribute a "
+            "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            [psycopg.sql.Identifier("public", table).as_string(conn)]).fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def primary_key(dsn: str, table: str) -> list[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+            "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = to_regclass(%s) AND i.indisprimary",
+            [psycopg.sql.Identifier("public", table).as_string(conn)]).fetchall()
+    return [r[0] for r in rows]
+
+
+def _has_table(dsn: str, table: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                            [psycopg.sql.Identifier("public", table).as_string(conn)]).fetchone()[0]
+
+
+@pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
+def test_tables_are_created_from_the_schemas_and_mirror_their_sources_through_a_kill(
+        kafka_bootstrap, pg_dsn, group_id, tmp_path: Path, delivery: str) -> None:
+    rng = random.Random(f"auto-{delivery}")
+    prefix = f"db{rng.randrange(10**6)}"
+    sources = [SourceTable(rng.randrange(2**32), keys=120, partitions=2, table=name, delete_frac=0.15,
+                           snapshot_keys=40) for name in TABLES]
+    late = SourceTable(rng.randrange(2**32), keys=60, partitions=2, table="late arrival", delete_frac=0.1)
+    topics = [f"{prefix}.public.t{i}" for i in range(len(TABLES) + 1)]
+    for topic in topics:
+        create_topic(kafka_bootstrap, topic, 2)
+    config = _config(tmp_path, kafka_bootstrap, pg_dsn, group_id, [f"^{prefix}\\.public\\.t[0-9]+$"],
+                     delivery=delivery)
+    for topic, source in zip(topics, sources):
+        produce_stream(kafka_bootstrap, topic, source.events(500))
+
+    proc = start_ingest(["run", "--config", config, "--metrics-port", "0"], log_dir=tmp_path)
+    wait_assigned(proc, timeout_s=90)
+    wait_until(lambda: _has_table(pg_dsn, "customers") and len(sink_rows(pg_dsn, "customers")) > 0, 60,
+               what="first table written", proc=proc)
+    produce_stream(kafka_bootstrap, topics[-1], late.events(300))  # a table appears mid-run
+    for topic, source in zip(topics, sources):
+        produce_stream(kafka_bootstrap, topic, source.events(300))
+    wait_until(lambda: _has_table(pg_dsn, "late arrival"), 60, what="the late table created", proc=proc)
+    time.sleep(rng.uniform(0.2, 1.0))
+    proc.kill9()
+    assert proc.returncode == -signal.SIGKILL
+    for topic, source in zip(topics, sources):
+        produce_stream(kafka_bootstrap, topic, source.events(200))
+
+    summary = tmp_path / "summary.json"
+    res = run_ingest(["run", "--config", config, "--until-idle", "3", "--metrics-port", "0", "--summary-json",
+                      summary], timeout_s=240, log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    for source in [*sources, late]:
+        name = source.table.replace(".", "_")
+        assert sink_rows(pg_dsn, name) == source_rows(source), name
+    assert dlq_rows(pg_dsn) == []
+    for topic in topics:
+        assert_committed_at_log_end(kafka_bootstrap, group_id, topic)
+    # the columns the schemas say: the key from the record key, NOT NULL; precise decimals; MicroTimestamp
+    assert table_columns(pg_dsn, "customers") == {
+        "id": ("bigint", True), "name": ("text", False), "price": ("numeric(12,2)", False),
+        "qty": ("integer", False), "updated_at": ("timestamp without time zone", False),
+        "_ingest_stream": ("bigint", False), "_ingest_offset": ("bigint", False)}
+    assert primary_key(pg_dsn, "customers") == ["id"]
+    stats = read_summary(summary)["pipelines"][PIPELINE]
+    assert sum(stats["rows_written_by_table"].values()) == stats["rows_written"] > 0
+
+
+# --------------------------------------------------------------------------- evolution
+
+V1 = (Field("id", "int64", optional=False), Field("label", "string"), Field("qty", "int32"))
+V2 = (*V1, Field("note", "string"))  # a field appears
+V3 = (Field("id", "int64", optional=False), Field("label", "string"), Field("note", "string"))  # qty is gone
+V4 = (Field("id", "int64", optional=False), Field("label", "string"), Field("qty", "string"),
+      Field("note", "string"))  # qty comes back as text: integer cannot hold it
+
+
+class Evolving:
+    """A source table whose schema changes: events and the model of the table as the sink holds it."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        self.rows: dict[int, dict[str, Any]] = {}
+        self.lsn = 1000
+
+    def upserts(self, fields: tuple[Field, ...], ids: range, make: Any) -> list[tuple[bytes, bytes, int, None]]:
+        out = []
+        for i in ids:
+            self.lsn += 1
+            after = {"id": i, **make(i)}
+            op = "u" if i in self.rows else "c"
+            out.append((encode_key({"id": i}, fields=KEY, schemas=True, table=self.table),
+                        encode_event(op, None, after, fields=fields, lsn=self.lsn, ts_ms=self.lsn, schemas=True,
+                                     table=self.table), 0, None))
+            self.rows[i] = after
+        return out
+
+    def deletes(self, fields: tuple[Field, ...], ids: list[int]) -> list[tuple[bytes, bytes | None, int, None]]:
+        out: list[tuple[bytes, bytes | None, int, None]] = []
+        for i in ids:
+            self.lsn += 1
+            key = encode_key({"id": i}, fields=KEY, schemas=True, table=self.table)
+            out.append((key, encode_event("d", {"id": i}, None, fields=fields, lsn=self.lsn, ts_ms=self.lsn,
+                                          schemas=True, table=self.table), 0, None))
+            out.append((key, None, 0, None))
+            del self.rows[i]
+        return out
+
+
+def test_columns_are_added_kept_and_an_incompatible_change_is_quarantined_then_replayed(
+        kafka_bootstrap, pg_dsn, group_id, tmp_path: Path) -> None:
+    prefix = f"evo{random.randrange(10**6)}"
+    evo_topic, other_topic = f"{prefix}.public.evo", f"{prefix}.public.other"
+    for topic in (evo_topic, other_topic):
+        create_topic(kafka_bootstrap, topic, 1)
+    evo, other = Evolving("evo"), Evolving("other")
+    config = _config(tmp_path, kafka_bootstrap, pg_dsn, group_id, [f"^{prefix}\\.public\\..*"])
+    produce(kafka_bootstrap, evo_topic, evo.upserts(V1, range(0, 50), lambda i: {"label": f"v1-{i}", "qty": i}))
+    produce(kafka_bootstrap, other_topic, other.upserts(V1, range(0, 30), lambda i: {"label": f"o-{i}", "qty": i}))
+
+    proc = start_ingest(["run", "--config", config, "--metrics-port", "0"], log_dir=tmp_path)
+    wait_assigned(proc, timeout_s=90)
+    wait_until(lambda: _has_table(pg_dsn, "evo") and len(sink_rows(pg_dsn, "evo", "id")) == 50, 60,
+               what="v1 written", proc=proc)
+    # a field appears: the column is added (nullable) before the first row that carries it
+    produce(kafka_bootstrap, evo_topic, evo.upserts(V2, range(40, 80), lambda i: {"label": f"v2-{i}", "qty": -i,
+                                                                                  "note": f"n{i}"}))
+    # a field disappears: its column stays, written as NULL
+    produce(kafka_bootstrap, evo_topic, evo.upserts(V3, range(70, 90), lambda i: {"label": f"v3-{i}", "note": "x"}))
+    produce(kafka_bootstrap, evo_topic, evo.deletes(V3, [0, 1, 2]))
+    wait_until(lambda: len(sink_rows(pg_dsn, "evo", "id")) == 87, 60, what="v2 and v3 written", proc=proc)
+    # qty becomes text: incompatible with the integer column -- quarantined; the other table keeps flowing
+    quarantined = evo.upserts(V4, range(100, 110), lambda i: {"label": f"v4-{i}", "qty": f"q{i}", "note": None})
+    produce(kafka_bootstrap, evo_topic, quarantined)
+    produce(kafka_bootstrap, other_topic, other.upserts(V1, range(30, 60), lambda i: {"label": f"o-{i}", "qty": i}))
+    wait_until(lambda: len(dlq_rows(pg_dsn)) == 10 and len(sink_rows(pg_dsn, "other", "id")) == 60, 90,
+               what="the incompatible records dead-lettered and the other table written", proc=proc)
+    proc.terminate()
+    assert proc.wait(60) == 0
+
+    assert table_columns(pg_dsn, "evo") == {
+        "id": ("bigint", True), "label": ("text", False), "qty": ("integer", False),
+        "_ingest_stream": ("bigint", False), "_ingest_offset": ("bigint", False), "note": ("text", False)}
+    dlq = dlq_rows(pg_dsn)
+    assert {d["error_class"] for d in dlq} == {"schema_incompatible"}, dlq
+    assert all("qty" in d["error_message"] for d in dlq), dlq[0]["error_message"]
+    expected = {i: (r["label"], r.get("qty"), r.get("note")) for i, r in evo.rows.items() if i < 100}
+    assert sink_rows(pg_dsn, "evo", "id, label, qty, note") == expected
+
+    # the operator makes the table take the new schema; replay writes the quarantined records once
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE evo ALTER COLUMN qty TYPE text")
+    res = run_ingest(["replay-dlq", "--config", config, "--pipeline", PIPELINE, "--error-class",
+                      "schema_incompatible"], timeout_s=120, log_dir=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    expected = {i: (r["label"], None if r.get("qty") is None else str(r["qty"]), r.get("note"))
+                for i, r in evo.rows.items()}
+    assert sink_rows(pg_dsn, "evo", "id, label, qty, note") == expected
+    assert sink_rows(pg_dsn, "other", "id, label, qty") == {i: (r["label"], r["qty"]) for i, r in other.rows.items()}
+    assert_committed_at_log_end(kafka_bootstrap, group_id, evo_topic)
+    assert_committed_at_log_end(kafka_bootstrap, group_id, other_topic)
