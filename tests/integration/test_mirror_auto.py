@@ -230,3 +230,59 @@ def test_columns_are_added_kept_and_an_incompatible_change_is_quarantined_then_r
     assert sink_rows(pg_dsn, "other", "id, label, qty") == {i: (r["label"], r["qty"]) for i, r in other.rows.items()}
     assert_committed_at_log_end(kafka_bootstrap, group_id, evo_topic)
     assert_committed_at_log_end(kafka_bootstrap, group_id, other_topic)
+
+
+# --------------------------------------------------------------------------- Avro through the registry
+
+
+def test_debezium_avro_through_the_registry_creates_and_evolves_the_table(
+        kafka_bootstrap, pg_dsn, new_topic, group_id, schema_registry, tmp_path: Path) -> None:
+    """Debezium's Avro converter: the table from the ``after`` record of the writer schema, the key from
+    the key schema; a second writer schema mid-stream (a field added) adds its column; deletes apply."""
+    import json
+
+    from harness.serde import avro_values
+    from integration.test_cdc_formats import KEY_SCHEMA, VALUE_SCHEMA, Source
+
+    topic = new_topic(partitions=1)
+    v2 = json.loads(VALUE_SCHEMA)
+    v2["fields"][0]["type"][1]["fields"].append({"name": "color", "type": ["null", "string"], "default": None})
+    v2_text = json.dumps(v2)
+
+    first, second = Source(), Source()
+    for i in range(1, 41):
+        first.upsert(i, i)
+    for i in (3, 4, 5):
+        first.delete(i, 40 + i)
+    second.table = dict(first.table)
+    for i in range(30, 61):
+        second.upsert(i, 100 + i, color=None if i % 7 == 0 else f"c{i}")
+    second.delete(31, 200)
+
+    def encode(schema: str, events: list[tuple[int, dict[str, Any] | None]]) -> list[tuple[bytes, bytes | None]]:
+        keys = avro_values(schema_registry.url, topic, KEY_SCHEMA, [{"id": i} for i, _ in events], field="key")
+        values = iter(avro_values(schema_registry.url, topic, schema, [d for _, d in events if d is not None]))
+        return [(k, None if d is None else next(values)) for k, (_, d) in zip(keys, events)]
+
+    produce(kafka_bootstrap, topic, encode(VALUE_SCHEMA, first.events))
+    produce(kafka_bootstrap, topic, encode(v2_text, second.events))
+    pipeline = {"name": PIPELINE, "topics": [topic], "group_id": group_id, "format": "avro", "key_format": "avro",
+                "envelope": "debezium", "commit_interval_ms": 200, "batch": {"max_rows": 25, "max_latency_ms": 100},
+                "sink": {"kind": "postgres", "dsn": pg_dsn, "table": "{source.table}", "columns": "auto"},
+                "dlq": {"kind": "postgres", "dsn": pg_dsn}}
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                               "client": dict(TEST_CONSUMER_SETTINGS)},
+                                     "schema_registry": {"url": schema_registry.url}, "pipelines": [pipeline]})
+    assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
+    res = run_ingest(["run", "--config", config, "--until-idle", "2", "--metrics-port", "0"], timeout_s=120,
+                     log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert dlq_rows(pg_dsn) == []
+    assert table_columns(pg_dsn, "items") == {
+        "id": ("bigint", True), "name": ("text", False), "price": ("numeric(12,2)", False),
+        "updated_at": ("timestamp with time zone", False), "_ingest_stream": ("bigint", False),
+        "_ingest_offset": ("bigint", False), "color": ("text", False)}
+    expected = {i: (r["name"], r["price"], r["updated_at"], r.get("color")) for i, r in second.table.items()}
+    assert sink_rows(pg_dsn, "items", "id, name, price, updated_at, color") == expected
+    assert 31 not in expected and 3 not in expected and 60 in expected
+    assert_committed_at_log_end(kafka_bootstrap, group_id, topic)

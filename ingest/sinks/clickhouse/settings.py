@@ -72,6 +72,9 @@ class ClickHouseSinkSettings(SinkSettingsBase):
     @classmethod
     def _default_version(cls, data: Any) -> Any:
         """Without ``version_column``: add the hidden ``_version UInt64`` column fed from ``@offset``."""
+        if isinstance(data, dict) and (data.get("columns") == "auto" or data.get("conflict_key") == "auto"):
+            raise ValueError("columns: auto writes PostgreSQL tables only so far; a ClickHouse table needs its "
+                             "columns listed")
         if not isinstance(data, dict) or data.get("version_column") is not None:
             return data
         columns = data.get("columns")
