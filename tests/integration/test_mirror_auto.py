@@ -32,10 +32,11 @@ TABLES = ["customers", "orders", "items.v2", 'Order "Lines"', "payments", "shipm
 KEY = (Field("id", "int64", optional=False),)
 
 
-def _config(tmp_path: Path, bootstrap: str, pg_dsn: str, group_id: str, topics: list[str], **sink: Any) -> Path:
+def _config(tmp_path: Path, bootstrap: str, pg_dsn: str, group_id: str, topics: list[str], *, deletes: str = "hard",
+            **sink: Any) -> Path:
     pipeline = {
         "name": PIPELINE, "topics": topics, "topic_refresh_s": 2, "group_id": group_id, "envelope": "debezium",
-        "deletes": {"mode": "hard"}, "lanes": 2, "commit_interval_ms": 200, "shutdown_timeout_s": 10,
+        "deletes": {"mode": deletes}, "lanes": 2, "commit_interval_ms": 200, "shutdown_timeout_s": 10,
         "batch": {"max_rows": 300, "max_latency_ms": 100},
         "sink": {"kind": "postgres", "dsn": pg_dsn, "table": "{source.table}", "columns": "auto", **sink},
         "dlq": {"kind": "postgres", "dsn": pg_dsn},
@@ -47,10 +48,10 @@ def _config(tmp_path: Path, bootstrap: str, pg_dsn: str, group_id: str, topics: 
     return config
 
 
-def sink_rows(dsn: str, table: str, columns: str = "id, name, price, qty, updated_at") -> dict[int, tuple]:
+def sink_rows(dsn: str, table: str, columns: str = "id, name, price, qty, updated_at", where: str = "") -> dict[int, tuple]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(psycopg.sql.SQL("SELECT {} FROM {}").format(
-            psycopg.sql.SQL(columns), psycopg.sql.Identifier("public", table))).fetchall()
+        rows = conn.execute(psycopg.sql.SQL("SELECT {} FROM {} {}").format(
+            psycopg.sql.SQL(columns), psycopg.sql.Identifier("public", table), psycopg.sql.SQL(where))).fetchall()
     return {r[0]: tuple(r[1:]) for r in rows}
 
 
@@ -87,10 +88,11 @@ def _has_table(dsn: str, table: str) -> bool:
                             [psycopg.sql.Identifier("public", table).as_string(conn)]).fetchone()[0]
 
 
-@pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
+@pytest.mark.parametrize(("delivery", "deletes"), [("at_least_once", "hard"), ("exactly_once", "hard"),
+                                                   ("at_least_once", "soft")])
 def test_tables_are_created_from_the_schemas_and_mirror_their_sources_through_a_kill(
-        kafka_bootstrap, pg_dsn, group_id, tmp_path: Path, delivery: str) -> None:
-    rng = random.Random(f"auto-{delivery}")
+        kafka_bootstrap, pg_dsn, group_id, tmp_path: Path, delivery: str, deletes: str) -> None:
+    rng = random.Random(f"auto-{delivery}-{deletes}")
     prefix = f"db{rng.randrange(10**6)}"
     sources = [SourceTable(rng.randrange(2**32), keys=120, partitions=2, table=name, delete_frac=0.15,
                            snapshot_keys=40) for name in TABLES]
@@ -99,7 +101,7 @@ def test_tables_are_created_from_the_schemas_and_mirror_their_sources_through_a_
     for topic in topics:
         create_topic(kafka_bootstrap, topic, 2)
     config = _config(tmp_path, kafka_bootstrap, pg_dsn, group_id, [f"^{prefix}\\.public\\.t[0-9]+$"],
-                     delivery=delivery)
+                     deletes=deletes, delivery=delivery)
     for topic, source in zip(topics, sources):
         produce_stream(kafka_bootstrap, topic, source.events(500))
 
@@ -121,9 +123,12 @@ def test_tables_are_created_from_the_schemas_and_mirror_their_sources_through_a_
     res = run_ingest(["run", "--config", config, "--until-idle", "3", "--metrics-port", "0", "--summary-json",
                       summary], timeout_s=240, log_dir=tmp_path)
     assert res.returncode == 0, res.stderr[-4000:]
+    live = "WHERE deleted_at IS NULL" if deletes == "soft" else ""
     for source in [*sources, late]:
         name = source.table.replace(".", "_")
-        assert sink_rows(pg_dsn, name) == source_rows(source), name
+        assert sink_rows(pg_dsn, name, where=live) == source_rows(source), name
+        if deletes == "soft":  # the deleted keys stay, marked
+            assert set(sink_rows(pg_dsn, name, "id", "WHERE deleted_at IS NOT NULL")) == source.deleted, name
     assert dlq_rows(pg_dsn) == []
     for topic in topics:
         assert_committed_at_log_end(kafka_bootstrap, group_id, topic)
@@ -131,7 +136,8 @@ def test_tables_are_created_from_the_schemas_and_mirror_their_sources_through_a_
     assert table_columns(pg_dsn, "customers") == {
         "id": ("bigint", True), "name": ("text", False), "price": ("numeric(12,2)", False),
         "qty": ("integer", False), "updated_at": ("timestamp without time zone", False),
-        "_ingest_stream": ("bigint", False), "_ingest_offset": ("bigint", False)}
+        "_ingest_stream": ("bigint", False), "_ingest_offset": ("bigint", False),
+        **({"deleted_at": ("timestamp with time zone", False)} if deletes == "soft" else {})}
     assert primary_key(pg_dsn, "customers") == ["id"]
     stats = read_summary(summary)["pipelines"][PIPELINE]
     assert sum(stats["rows_written_by_table"].values()) == stats["rows_written"] > 0
@@ -163,7 +169,8 @@ class Evolving:
             out.append((encode_key({"id": i}, fields=KEY, schemas=True, table=self.table),
                         encode_event(op, None, after, fields=fields, lsn=self.lsn, ts_ms=self.lsn, schemas=True,
                                      table=self.table), 0, None))
-            self.rows[i] = after
+            names = {f.name for f in fields}
+            self.rows[i] = {k: v for k, v in after.items() if k in names}  # what the schema carries
         return out
 
     def deletes(self, fields: tuple[Field, ...], ids: list[int]) -> list[tuple[bytes, bytes | None, int, None]]:
@@ -286,3 +293,29 @@ def test_debezium_avro_through_the_registry_creates_and_evolves_the_table(
     assert sink_rows(pg_dsn, "items", "id, name, price, updated_at, color") == expected
     assert 31 not in expected and 3 not in expected and 60 in expected
     assert_committed_at_log_end(kafka_bootstrap, group_id, topic)
+
+
+def test_two_processes_racing_to_create_and_alter_the_same_tables_both_succeed(
+        kafka_bootstrap, pg_dsn, tmp_path: Path) -> None:
+    """Two pipelines (two consumer groups) mirror the same six topics into the same tables at once: every
+    CREATE and ALTER one of them loses to the other is a success, and both end with the same tables."""
+    prefix = f"race{random.randrange(10**6)}"
+    sources = [Evolving(f"t{i}") for i in range(6)]
+    topics = [f"{prefix}.public.t{i}" for i in range(6)]
+    for topic in topics:
+        create_topic(kafka_bootstrap, topic, 1)
+    configs = [_config(tmp_path / name, kafka_bootstrap, pg_dsn, f"{prefix}-{name}", [f"^{prefix}\\.public\\..*"])
+               for name in ("a", "b")]
+    for round_, fields in enumerate((V1, V2)):
+        for topic, source in zip(topics, sources):
+            produce(kafka_bootstrap, topic, source.upserts(fields, range(round_ * 20, round_ * 20 + 40), lambda i: {
+                "label": f"r{round_}-{i}", "qty": i, "note": f"n{i}"}))
+        procs = [start_ingest(["run", "--config", c, "--until-idle", "2", "--metrics-port", "0"],
+                              log_dir=c.parent) for c in configs]
+        for proc in procs:
+            assert proc.wait(120) == 0, proc.describe()
+    for source in sources:
+        expected = {i: (r["label"], r["qty"], r.get("note")) for i, r in source.rows.items()}
+        assert sink_rows(pg_dsn, source.table, "id, label, qty, note") == expected, source.table
+        assert list(table_columns(pg_dsn, source.table))[-1] == "note"
+    assert dlq_rows(pg_dsn) == []
