@@ -61,6 +61,10 @@ def _routed_tables(settings: object, p: object) -> None:
             if table is None:
                 typer.echo(f"warn {p.name}: topic {topic} cannot be routed: {why}")  # type: ignore[attr-defined]
                 continue
+            if p.auto_columns:  # type: ignore[attr-defined]
+                typer.echo(f"ok   {p.name}: table {table} (topic {topic}) is made from its first record's "  # type: ignore[attr-defined]
+                           "schema")
+                continue
             sink.ensure_table(table)  # type: ignore[attr-defined]
             typer.echo(f"ok   {p.name}: table {table} (topic {topic})")  # type: ignore[attr-defined]
     finally:

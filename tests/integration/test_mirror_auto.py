@@ -293,6 +293,25 @@ def test_debezium_avro_through_the_registry_creates_and_evolves_the_table(
     assert sink_rows(pg_dsn, "items", "id, name, price, updated_at, color") == expected
     assert 31 not in expected and 3 not in expected and 60 in expected
     assert_committed_at_log_end(kafka_bootstrap, group_id, topic)
+    res = run_ingest(["check", "--config", config], timeout_s=60, log_dir=tmp_path)
+    assert res.returncode == 0 and "columns auto" in res.stdout, res.stdout + res.stderr
+
+
+def test_migrate_makes_no_table_without_a_schema_and_check_says_how_tables_are_made(
+        kafka_bootstrap, pg_dsn, group_id, tmp_path: Path) -> None:
+    prefix = f"mig{random.randrange(10**6)}"
+    topic = f"{prefix}.public.accounts"
+    create_topic(kafka_bootstrap, topic, 1)
+    config = _config(tmp_path, kafka_bootstrap, pg_dsn, group_id, [f"^{prefix}\\.public\\.(?P<t>.+)$"])
+    text = config.read_text().replace("'{source.table}'", "'{t}'")
+    assert text != config.read_text()
+    config.write_text(text)
+    res = run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path)
+    assert res.returncode == 0 and "table accounts (topic " in res.stdout and "first record" in res.stdout, res.stdout
+    assert not _has_table(pg_dsn, "accounts")
+    res = run_ingest(["check", "--config", config], timeout_s=60, log_dir=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"topic {topic} -> table accounts" in res.stdout and "columns auto" in res.stdout, res.stdout
 
 
 def test_two_processes_racing_to_create_and_alter_the_same_tables_both_succeed(

@@ -390,7 +390,10 @@ class PostgresSink:
             staged.add("")  # the shared stage
 
     def ensure_table(self, name: str) -> None:
-        """Create the routed table ``name`` now if it is missing (``ingest migrate``). Raises like a write."""
+        """Create the routed table ``name`` now if it is missing (``ingest migrate``). Raises like a write;
+        ValueError with ``columns: auto`` (a table is made from a record's schema)."""
+        if self._auto is not None:
+            raise ValueError("columns: auto: a table is made from its records' schemas")
         self._table(name)
 
     def _table(self, name: str) -> _Table:
