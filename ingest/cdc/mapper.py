@@ -75,9 +75,17 @@ def _auto_mapper(settings: PipelineSettings, decoder: Decoder | None, key_decode
         return column_coercer(ColumnSpec(type=type_text, required=not nullable), dialect)
 
     soft = settings.deletes.soft_column if settings.has_deletes and settings.deletes.mode == "soft" else None
+    reserved = tuple(name for name in (soft, getattr(settings.sink.version, "column", None)) if name)
+    version = None
+    auto_version = getattr(settings.sink, "version", None)
+    if auto_version is not None:  # one column's mapper: "@source.PATH" reads the block map() passes
+        source = auto_version.source
+        version = Mapper({"version": ColumnSpec(type=auto_version.type, required=True,
+                                                source="$." + source if source.startswith("@source.") else source)},
+                         None, dialect=dialect)
     return AutoMapper(dialect=dialect, envelope=settings.envelope, fmt=settings.format, decoder=decoder,
                       key_decoder=key_decoder, coercer=coercer, tombstones=settings.effective_tombstones,
-                      truncate=settings.truncate, reserved_columns=(soft,) if soft else ())
+                      truncate=settings.truncate, reserved_columns=reserved, version=version)
 
 
 def _mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,

@@ -15,7 +15,7 @@ without a row). Its rows are *carriers* of a fixed width, so everything that wor
 by key, lanes, isolation, replay, exactly-once) works unchanged; only the sink opens them
 (:mod:`ingest.sinks.postgres.auto`)::
 
-    (key, shape, values, stream, offset)        + the table, appended by the router
+    (key, shape, values, stream, offset[, version])        + the table, appended by the router
 
 - ``key``: the values of the record's key columns, a tuple (a table without a key: the record's
   position, so no two records collapse);
@@ -24,7 +24,9 @@ by key, lanes, isolation, replay, exactly-once) works unchanged; only the sink o
 - ``values``: :class:`ShapedValues` -- the values in the order of their own shape's columns, each
   coerced by the column type's coercer (the row mapper's, so a value is poison here exactly when it
   would be with a hand-written column list); None for a delete;
-- ``stream``, ``offset``: where the record was read (the hidden source columns: the order guard).
+- ``stream``, ``offset``: where the record was read (the hidden source columns: the order guard);
+- ``version``, only with the sink's ``version:``: the record's version (``@source.lsn``, ...), the
+  same for every table -- collapse keeps the highest, and the upsert's guard never applies an older one.
 
 A delete is a :class:`~ingest.types.DeleteRow` carrier whose ``values`` is None (its key and source
 only): a soft delete that collapse merges with an earlier upsert takes that upsert's values, which
@@ -50,7 +52,9 @@ __all__ = ["AutoMapper", "CARRIER_KEY", "RowShape", "ShapedValues", "carrier_col
 
 #: The carrier columns (see the module docstring); the sink adds its hidden source columns after them.
 CARRIER_KEY, CARRIER_SHAPE, CARRIER_VALUES = "_ingest_key", "_ingest_shape", "_ingest_values"
-KEY_AT, SHAPE_AT, VALUES_AT, STREAM_AT, OFFSET_AT = 0, 1, 2, 3, 4
+#: The carrier's version (``version:`` of the sink), after the source columns when there is one.
+CARRIER_VERSION = "_ingest_version"
+KEY_AT, SHAPE_AT, VALUES_AT, STREAM_AT, OFFSET_AT, VERSION_AT = 0, 1, 2, 3, 4, 5
 #: Shapes remembered per mapper (schemas seen); cleared when full.
 SHAPE_CACHE_SIZE = 1024
 
@@ -126,10 +130,12 @@ class AutoMapper:
 
     def __init__(self, *, dialect: str, envelope: str, fmt: str, decoder: Any, key_decoder: Any,
                  coercer: Callable[[str, bool], Any], tombstones: str, truncate: str,
-                 reserved_columns: tuple[str, ...] = ()) -> None:
+                 reserved_columns: tuple[str, ...] = (), version: Any = None) -> None:
         """``fmt``: ``json`` (Kafka Connect schema parts) or ``avro`` (the registry's writer schemas);
         ``decoder`` / ``key_decoder``: the pipeline's value and key decoders (None: JSON);
-        ``tombstones`` / ``truncate``: the pipeline's settings of those names."""
+        ``tombstones`` / ``truncate``: the pipeline's settings of those names; ``version``: a
+        ``map_document(record, {"@source": source block}) -> ((version,), _)`` mapper of the sink's
+        ``version:``, or None."""
         if fmt not in ("json", "avro"):
             raise ValueError(f"columns: auto reads schemas of format json (with schemas) or avro, not {fmt!r}")
         self._dialect = dialect
@@ -142,8 +148,10 @@ class AutoMapper:
         self._truncate = truncate
         self._reserved = reserved_columns
         self._shapes: dict[Any, RowShape] = {}
-        self.column_names = [CARRIER_KEY, CARRIER_SHAPE, CARRIER_VALUES, "_ingest_stream", "_ingest_offset"]
-        self.column_types = ["text", "text", "text", "bigint", "bigint"]
+        self._version = version
+        self.column_names = [CARRIER_KEY, CARRIER_SHAPE, CARRIER_VALUES, "_ingest_stream", "_ingest_offset",
+                             *([CARRIER_VERSION] if version is not None else [])]
+        self.column_types = ["text", "text", "text", "bigint", "bigint", *(["bigint"] if version is not None else [])]
 
     #: the mapper interface the runner reads (no fast or typed tiers here)
     fast_misses = 0
@@ -189,23 +197,26 @@ class AutoMapper:
             shape = self._shape(cache_key, schema, key_schema, record)
         position = record.source_position
         stream, offset = stream_id(position[0], position[1]), position[2]
+        tail: tuple[Any, ...] = (stream, offset)
         if not self._debezium:
             image = payload["payload"] if not self._avro else payload
             values = shape.values(image, key_doc)
-            return (self._key_of(shape, values, stream, offset), shape, ShapedValues(shape, values), stream,
-                    offset), record.key
+            if self._version is not None:
+                tail += self._version.map_document(record, {})[0]
+            return (self._key_of(shape, values, stream, offset), shape, ShapedValues(shape, values), *tail), record.key
         from ingest.cdc.debezium import unwrap  # the change event's images, values converted
 
         change = unwrap(payload)
+        if self._version is not None and change.op != "t":
+            tail += self._version.map_document(record, {"@source": change.source})[0]
         if change.op in ("c", "r", "u"):
             values = shape.values(change.after, key_doc)
-            return (self._key_of(shape, values, stream, offset), shape, ShapedValues(shape, values), stream,
-                    offset), record.key
+            return (self._key_of(shape, values, stream, offset), shape, ShapedValues(shape, values), *tail), record.key
         if change.op == "d":
             if not shape.key_positions:
                 raise NoChange("a delete in a table without a key: nothing to delete by")
             key = shape.key_values(change.before, key_doc)
-            return DeleteRow((key, shape, None, stream, offset)), record.key
+            return DeleteRow((key, shape, None, *tail)), record.key
         if self._truncate == "ignore":
             raise NoChange("truncate ignored")
         raise InvalidRecord("map", "truncate", "a truncate event (op t) cannot be applied by key; "

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from harness import run_ingest, start_ingest, write_config
-from harness.cdc_source import SourceTable, produce_stream
+from harness.cdc_source import SourceTable, partition_of, produce_stream
 from harness.debezium import Field, encode_event, encode_key
 from harness.kafka import TEST_CONSUMER_SETTINGS, create_topic, produce
 from pipeline_helpers import assert_committed_at_log_end, dlq_rows, read_summary, wait_assigned, wait_until
@@ -100,8 +100,10 @@ def test_tables_are_created_from_the_schemas_and_mirror_their_sources_through_a_
     topics = [f"{prefix}.public.t{i}" for i in range(len(TABLES) + 1)]
     for topic in topics:
         create_topic(kafka_bootstrap, topic, 2)
+    versioned = delivery == "exactly_once"  # one version for every table: the event's LSN
     config = _config(tmp_path, kafka_bootstrap, pg_dsn, group_id, [f"^{prefix}\\.public\\.t[0-9]+$"],
-                     deletes=deletes, delivery=delivery)
+                     deletes=deletes, delivery=delivery,
+                     **({"version": {"column": "lsn", "source": "@source.lsn"}} if versioned else {}))
     for topic, source in zip(topics, sources):
         produce_stream(kafka_bootstrap, topic, source.events(500))
 
@@ -137,10 +139,21 @@ def test_tables_are_created_from_the_schemas_and_mirror_their_sources_through_a_
         "id": ("bigint", True), "name": ("text", False), "price": ("numeric(12,2)", False),
         "qty": ("integer", False), "updated_at": ("timestamp without time zone", False),
         "_ingest_stream": ("bigint", False), "_ingest_offset": ("bigint", False),
+        **({"lsn": ("bigint", False)} if versioned else {}),
         **({"deleted_at": ("timestamp with time zone", False)} if deletes == "soft" else {})}
     assert primary_key(pg_dsn, "customers") == ["id"]
     stats = read_summary(summary)["pipelines"][PIPELINE]
     assert sum(stats["rows_written_by_table"].values()) == stats["rows_written"] > 0
+    if versioned:  # every row carries its last event's LSN; an older event arriving late changes nothing
+        assert sink_rows(pg_dsn, "customers", "id, lsn") == {i: (r.lsn,) for i, r in sources[0].rows.items()}
+        key_id, row = next(iter(sources[0].rows.items()))
+        stale = encode_event("u", None, {"id": key_id, "name": "stale", "price": None, "qty": 1, "updated_at": None},
+                             fields=sources[0].fields, lsn=row.lsn - 1, ts_ms=1, schemas=True, table="customers")
+        produce(kafka_bootstrap, topics[0], [(sources[0].key_bytes(key_id), stale, partition_of(key_id, 2), None)])
+        res = run_ingest(["run", "--config", config, "--until-idle", "2", "--metrics-port", "0"], timeout_s=120,
+                         log_dir=tmp_path)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert sink_rows(pg_dsn, "customers")[key_id] == source_rows(sources[0])[key_id]
 
 
 # --------------------------------------------------------------------------- evolution

@@ -41,7 +41,7 @@ from ingest.config.base import ColumnSpec
 from ingest.config.cdc import DeleteSettings
 from ingest.drivers.postgres import connect, translate
 from ingest.errors import PermanentError
-from ingest.mirror.auto import KEY_AT, OFFSET_AT, SHAPE_AT, STREAM_AT, VALUES_AT, RowShape
+from ingest.mirror.auto import KEY_AT, OFFSET_AT, SHAPE_AT, STREAM_AT, VALUES_AT, VERSION_AT, RowShape
 from ingest.mirror.ddl import ensure_postgres
 from ingest.mirror.errors import SchemaIncompatible
 from ingest.mirror.evolve import Incompatible, plan
@@ -154,6 +154,8 @@ class AutoTables:
     def _ensure(self, name: str, wanted: Shape) -> AutoTable:
         cfg = self._cfg
         extra = SOURCE if wanted.key else ()
+        if cfg.version is not None and wanted.key:
+            extra = (*extra, Column(cfg.version.column, cfg.version.type, True))
         network = cfg.network.model_copy(update={"client_timeout_ms": 0})  # DDL may wait, bounded by lock_timeout
         with translate() as t, connect(cfg.dsn.get_secret_value(), network, autocommit=True) as conn:
             t.conn = conn
@@ -173,8 +175,9 @@ class AutoTables:
         soft = self._deletes.soft_column if self._deletes is not None and self._deletes.mode == "soft" else None
         columns = {c.name: ColumnSpec(type=c.type) for c in shape.columns if c.name != soft}
         keyed = bool(shape.key)
+        version = self._cfg.version.column if self._cfg.version is not None and keyed else None
         cfg = self._cfg.model_copy(update={
-            "table": name, "columns": columns, "conflict_key": list(shape.key),
+            "table": name, "columns": columns, "conflict_key": list(shape.key), "version_column": version,
             "on_conflict": "update" if keyed else "none", "auto_columns": False})
         deletes = DeleteStatements(cfg, self._deletes) if self._deletes is not None and keyed else None
         with self._lock:
@@ -189,6 +192,7 @@ class AutoTables:
         stream_at = names.index(STREAM_COLUMN) if STREAM_COLUMN in names else -1
         offset_at = names.index(OFFSET_COLUMN) if OFFSET_COLUMN in names else -1
         key_at = [names.index(k) for k in t.cfg.conflict_key]
+        version_at = names.index(t.cfg.version_column) if t.cfg.version_column else -1
         out: list[tuple[Any, ...]] = []
         for carrier in carriers:
             shaped = carrier[VALUES_AT]
@@ -204,6 +208,8 @@ class AutoTables:
             if stream_at >= 0:
                 row[stream_at] = carrier[STREAM_AT]
                 row[offset_at] = carrier[OFFSET_AT]
+            if version_at >= 0:
+                row[version_at] = carrier[VERSION_AT]
             if isinstance(carrier, DeleteRow):
                 out.append((ImageDeleteRow if type(carrier) is ImageDeleteRow else DeleteRow)(row))
             else:

@@ -17,6 +17,7 @@ from pydantic import ConfigDict, Field, SecretStr, field_validator, model_valida
 
 from ingest.config.base import (
     ColumnSpec,
+    Frozen,
     PgNetworkSettings,
     SinkSettingsBase,
     check_dsn_syntax,
@@ -32,6 +33,30 @@ SOURCE_COLUMNS: dict[str, dict[str, str]] = {
     OFFSET_COLUMN: {"type": "bigint", "source": "@offset"},
 }
 RESERVED_PREFIX = "_ingest_"
+
+
+class AutoVersion(Frozen):
+    """``version`` of a ``columns: auto`` sink: every table gets column ``column`` (of ``type``) holding
+    ``source`` (``@source.PATH`` of a change event, or record metadata such as ``@timestamp``); an update
+    applies only when it is not older (the sink's version guard), and a record without one is poison."""
+
+    column: str
+    source: str
+    type: Literal["bigint", "integer", "timestamptz", "numeric"] = "bigint"
+
+    @field_validator("column")
+    @classmethod
+    def _column(cls, value: str) -> str:
+        if value.startswith(RESERVED_PREFIX):
+            raise ValueError(f"names starting with {RESERVED_PREFIX!r} are reserved for ingest")
+        return check_identifier(value)
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if not value.startswith("@"):
+            raise ValueError("the version comes from @source.PATH or record metadata (@offset, @timestamp)")
+        return value
 
 
 class PostgresSinkSettings(SinkSettingsBase):
@@ -69,6 +94,8 @@ class PostgresSinkSettings(SinkSettingsBase):
     #: difference is ``schema_incompatible``), ``add_columns`` (new fields become nullable columns),
     #: ``add_and_widen`` (also int → bigint, float → double, varchar(n) → text, decimal precision up).
     evolve: Literal["off", "add_columns", "add_and_widen"] = "add_columns"
+    #: With ``columns: auto``: one version column for every table (see :class:`AutoVersion`).
+    version: AutoVersion | None = None
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, hide_input_in_errors=True)
 
@@ -168,25 +195,37 @@ class PostgresSinkSettings(SinkSettingsBase):
 def auto_columns(data: Any) -> Any:
     """Raw sink settings with ``columns: auto`` → the carrier columns of :mod:`ingest.mirror.auto` and
     ``auto_columns: true``; ``conflict_key`` must then be ``auto`` or left out (each table's key is its
-    records' key). Other settings pass unchanged."""
+    records' key). ``version: {column, source, type}`` names one version column for every table: the
+    carrier's last value (:data:`~ingest.mirror.auto.CARRIER_VERSION`), the sink's version column. Other
+    settings pass unchanged."""
     if not isinstance(data, dict):
         return data
     if data.get("columns") != "auto":
         if data.get("conflict_key") == "auto":
             raise ValueError("conflict_key: auto goes with columns: auto (the key of a schema's table)")
+        if data.get("version") is not None:
+            raise ValueError("version: goes with columns: auto (with a column list, set version_column)")
         return data
-    from ingest.mirror.auto import CARRIER_KEY, carrier_columns  # the mirror package imports no settings
+    from ingest.mirror.auto import CARRIER_KEY, CARRIER_VERSION, carrier_columns  # mirror imports no settings
 
     if data.get("conflict_key", "auto") != "auto":
         raise ValueError("columns: auto takes each table's key from its records' key: set conflict_key: auto "
                          "(or leave it out)")
-    for name in ("version_column",):
-        if data.get(name) is not None:
-            raise ValueError(f"{name}: not supported with columns: auto yet (records apply in log order)")
+    if data.get("version_column") is not None:
+        raise ValueError("version_column: with columns: auto, name the version of every table with "
+                         "version: {column: NAME, source: '@source.lsn'}")
     if data.get("on_conflict", "update") != "update":
         raise ValueError("columns: auto upserts keyed tables and appends to tables without a key: "
                          "leave on_conflict out")
-    return {**data, "columns": carrier_columns(), "conflict_key": [CARRIER_KEY], "auto_columns": True}
+    columns: dict[str, Any] = {**carrier_columns(), **SOURCE_COLUMNS}
+    out = {**data, "conflict_key": [CARRIER_KEY], "auto_columns": True}
+    version = data.get("version")
+    if version is not None:
+        spec = AutoVersion.model_validate(version)
+        columns[CARRIER_VERSION] = {"type": spec.type, "source": spec.source, "required": True}
+        out["version_column"] = CARRIER_VERSION
+    out["columns"] = columns
+    return out
 
 
 def _add_source_columns(data: Any) -> Any:

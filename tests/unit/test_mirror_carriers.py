@@ -49,7 +49,9 @@ def test_columns_auto_becomes_the_carrier_columns_keyed_by_the_records_key() -> 
 
 @pytest.mark.parametrize(("extra", "says"), [
     ({"sink": {"conflict_key": ["id"]}}, "conflict_key: auto"),
-    ({"sink": {"version_column": "lsn"}}, "version_column"),
+    ({"sink": {"version_column": "lsn"}}, "version: {column: NAME"),
+    ({"sink": {"version": {"column": "_ingest_v", "source": "@source.lsn"}}}, "reserved for ingest"),
+    ({"sink": {"version": {"column": "lsn", "source": "$.lsn"}}}, "@source.PATH or record metadata"),
     ({"sink": {"evolve": "sometimes"}}, "evolve"),
     ({"sink": {"write_method": "values"}}, "write_method copy"),
     ({"format": "protobuf"}, "not format 'protobuf'"),
@@ -124,3 +126,17 @@ def test_a_table_without_a_key_appends_every_record() -> None:
     a, _ = m.map(Record("db.public.log", 0, 5, None, value, 0))
     b, _ = m.map(Record("db.public.log", 0, 6, None, value, 0))
     assert a[SHAPE_AT].shape.key == () and a[KEY_AT] != b[KEY_AT]
+
+
+def test_one_version_for_every_table_rides_last_and_collapse_keeps_the_highest() -> None:
+    p = settings(sink={"version": {"column": "lsn", "source": "@source.lsn"}})
+    m = mapper_for(p)
+    high, _ = m.map(event("u", 1, offset=0))
+    high = (*high[:5], 900, high[-1])  # as if its LSN were 900
+    low, _ = m.map(event("u", 1, offset=1))
+    assert low[5] == 1  # the event's source.lsn (event() writes lsn=offset)
+    failed, groups = collapse([Item(None, r, None, 0, 1) for r in (high, low)], p.collapse_rule())  # type: ignore[arg-type]
+    assert failed == [] and groups[0][0].row[5] == 900
+    with pytest.raises(InvalidRecord) as err:  # a field named like the version column cannot be a column
+        m.map(event("c", 2, fields=(*FIELDS, Field("lsn", "int64"))))
+    assert err.value.error_class == "schema_incompatible"
