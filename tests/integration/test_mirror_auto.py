@@ -233,7 +233,7 @@ def test_columns_are_added_kept_and_an_incompatible_change_is_quarantined_then_r
         "id": ("bigint", True), "label": ("text", False), "qty": ("integer", False),
         "_ingest_stream": ("bigint", False), "_ingest_offset": ("bigint", False), "note": ("text", False)}
     dlq = dlq_rows(pg_dsn)
-    assert {d["error_class"] for d in dlq} == {"schema_incompatible"}, dlq
+    assert {(d["stage"], d["error_class"]) for d in dlq} == {("write", "schema_incompatible")}, dlq
     assert all("qty" in d["error_message"] for d in dlq), dlq[0]["error_message"]
     expected = {i: (r["label"], r.get("qty"), r.get("note")) for i, r in evo.rows.items() if i < 100}
     assert sink_rows(pg_dsn, "evo", "id, label, qty, note") == expected

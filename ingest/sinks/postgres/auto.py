@@ -28,6 +28,7 @@ batch's retry reads the catalog again and repairs the table.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ __all__ = ["AutoTable", "AutoTables", "UNDEFINED"]
 UNDEFINED = (pg_errors.UndefinedColumn, pg_errors.UndefinedTable)
 #: The hidden source columns every keyed auto table has (the order guard; replay and exactly-once read them).
 SOURCE = (Column(STREAM_COLUMN, "bigint", True), Column(OFFSET_COLUMN, "bigint", True))
+#: How long a table's shape read from the catalog is trusted to refuse a schema it cannot take.
+RECHECK_S = 5.0
 #: How long a table's DDL waits for a lock before the batch's retry takes it again.
 DDL_LOCK_TIMEOUT_MS = 5_000
 
@@ -74,6 +77,8 @@ class AutoTable:
     version: int
     #: monotonic time of the table's last tombstone expiry (the sink's expiry reads it)
     _expired_at: float = 0.0
+    #: monotonic time this shape was read from the catalog
+    read_at: float = 0.0
     #: a row shape → where each of the table's columns takes its value in that shape's values (-1: NULL)
     _index: dict[RowShape, tuple[int, ...]] = field(default_factory=dict)
 
@@ -128,20 +133,36 @@ class AutoTables:
             raise PermanentError("; ".join(incompatible)[:1000], error_class="schema_incompatible")
 
     def ensure(self, name: str, shapes: Sequence[RowShape]) -> AutoTable:
-        """The table ``name`` made to take ``shapes`` (their union); raises SchemaIncompatible."""
+        """The table ``name`` made to take ``shapes`` (their union); raises SchemaIncompatible.
+
+        A union the table as last read cannot take is refused without asking the database again for
+        :data:`RECHECK_S` after that read: the pieces a batch is split into to isolate those rows each
+        fail at once, and a table fixed by hand is seen within that time."""
         wanted = union([s.shape for s in shapes]) if len(shapes) > 1 else shapes[0].shape
         t = self._tables.get(name)
-        if t is not None and _takes(t.shape, wanted, self._cfg.evolve):
+        if t is not None and self._fits(t, wanted):
             return t
         with self._lock:
             lock = self._locks.setdefault(name, threading.Lock())
         with lock:
             t = self._tables.get(name)
-            if t is not None and _takes(t.shape, wanted, self._cfg.evolve):
+            if t is not None and self._fits(t, wanted):
                 return t
-            t = self._ensure(name, wanted)
+            t, incompatible = self._ensure(name, wanted)
             self._tables[name] = t
+            if incompatible is not None:
+                raise SchemaIncompatible("incompatible", incompatible)
             return t
+
+    def _fits(self, t: AutoTable, wanted: Shape) -> bool:
+        """``t`` takes ``wanted`` as it is; raises SchemaIncompatible when it cannot, and was read from
+        the catalog less than :data:`RECHECK_S` ago (else False: read it again)."""
+        p = plan(t.shape, wanted, self._cfg.evolve)
+        if isinstance(p, Incompatible):
+            if time.monotonic() - t.read_at < RECHECK_S:
+                raise SchemaIncompatible("incompatible", str(p))
+            return False
+        return p.empty
 
     def known(self, name: str) -> AutoTable | None:
         return self._tables.get(name)
@@ -151,7 +172,8 @@ class AutoTables:
         for name in names:
             self._tables.pop(name, None)
 
-    def _ensure(self, name: str, wanted: Shape) -> AutoTable:
+    def _ensure(self, name: str, wanted: Shape) -> tuple[AutoTable, str | None]:
+        """The table as the catalog has it after making it take ``wanted``, and why it cannot (or None)."""
         cfg = self._cfg
         extra = SOURCE if wanted.key else ()
         if cfg.version is not None and wanted.key:
@@ -162,14 +184,15 @@ class AutoTables:
             conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(DDL_LOCK_TIMEOUT_MS)))
             result = ensure_postgres(conn, cfg.db_schema, name, wanted, cfg.evolve, extra_columns=extra)
             if result.action == "incompatible":
-                raise SchemaIncompatible("incompatible", str(result.incompatible))
+                assert result.shape is not None  # the table is there, as it is
+                return self._build(name, result.shape), str(result.incompatible)
             assert result.shape is not None
             table = self._build(name, result.shape)
             if table.deletes is not None:
                 for statement in (table.deletes.create_tombstones, table.deletes.soft_column_ddl):
                     if statement is not None:
                         conn.execute(statement)
-        return table
+        return table, None
 
     def _build(self, name: str, shape: Shape) -> AutoTable:
         soft = self._deletes.soft_column if self._deletes is not None and self._deletes.mode == "soft" else None
@@ -183,7 +206,7 @@ class AutoTables:
         with self._lock:
             self._versions += 1
             version = self._versions
-        return AutoTable(name, shape, cfg, UpsertStatements(cfg, deletes), deletes, version)
+        return AutoTable(name, shape, cfg, UpsertStatements(cfg, deletes), deletes, version, read_at=time.monotonic())
 
     # -- in the transaction --------------------------------------------------------------------
     def rows_for(self, t: AutoTable, carriers: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -216,8 +239,3 @@ class AutoTables:
                 out.append(tuple(row))
         return out
 
-
-def _takes(existing: Shape, wanted: Shape, mode: str) -> bool:
-    """``existing`` takes rows of ``wanted`` as it is (no DDL)."""
-    p = plan(existing, wanted, mode)  # type: ignore[arg-type]
-    return not isinstance(p, Incompatible) and p.empty
