@@ -346,9 +346,9 @@ class PipelineSettings(Frozen):
 
     def _check_auto_columns(self) -> None:
         """``columns: auto`` reads schemas it can have (see README "Mirroring a database")."""
-        if self.format not in ("json", "avro") or self.avro_schema is not None:
-            raise ValueError("sink.columns: auto reads Kafka Connect JSON with schemas (format json) or Avro "
-                             f"from the schema registry (format avro), not format {self.format!r}"
+        if self.format not in ("json", "avro", "json_schema", "protobuf") or self.avro_schema is not None:
+            raise ValueError("sink.columns: auto reads Kafka Connect JSON with schemas (format json) or the schema "
+                             f"registry's schemas (avro, json_schema, protobuf), not format {self.format!r}"
                              + (" with avro_schema" if self.avro_schema is not None else ""))
         if self.format == "avro" and self.envelope == "debezium" and self.key_format != "avro":
             raise ValueError("key_format: a Debezium stream in Avro keys its records by an Avro primary key: "

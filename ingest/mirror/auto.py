@@ -6,8 +6,10 @@ columns and key by its schema --
 - Debezium's JSON converter with ``schemas.enable=true`` (``format: json``): the ``schema`` part of
   the value (the envelope's ``after`` struct, or the struct itself without ``envelope: debezium``)
   and of the key;
-- Avro through the Schema Registry (``format: avro``): the value's writer schema (the envelope's
-  ``after`` record with ``envelope: debezium``) and, with ``key_format: avro``, the key's.
+- Avro, JSON Schema and Protobuf through the Schema Registry: the value's writer schema (the
+  envelope's ``after`` record / object / message with ``envelope: debezium``) and, with a registry
+  ``key_format``, the key's;
+- a plain JSON object key (no schema part): its fields name the key columns, typed by the value's schema.
 
 :class:`AutoMapper` keeps the mapper's contract (``map(record) -> (row, ordering_key)``, raising
 :class:`~ingest.errors.InvalidRecord` for poison and :class:`~ingest.errors.NoChange` for records
@@ -35,6 +37,7 @@ carry their own shape.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +48,7 @@ from ingest.core.mapping.common import _Bad
 from ingest.core.routing import stream_id
 from ingest.errors import IngestError, InvalidRecord, NoChange
 from ingest.mirror.errors import SchemaIncompatible
-from ingest.mirror.shape import Shape, shape_from_avro, shape_from_connect
+from ingest.mirror.shape import Shape, shape_from_avro, shape_from_connect, shape_from_json_schema, shape_from_protobuf
 from ingest.types import DeleteRow, Record
 
 __all__ = ["AutoMapper", "CARRIER_KEY", "RowShape", "ShapedValues", "carrier_columns"]
@@ -55,6 +58,8 @@ CARRIER_KEY, CARRIER_SHAPE, CARRIER_VALUES = "_ingest_key", "_ingest_shape", "_i
 #: The carrier's version (``version:`` of the sink), after the source columns when there is one.
 CARRIER_VERSION = "_ingest_version"
 KEY_AT, SHAPE_AT, VALUES_AT, STREAM_AT, OFFSET_AT, VERSION_AT = 0, 1, 2, 3, 4, 5
+#: The formats whose schemas it reads: Connect JSON with schema parts, and the registry's.
+FORMATS = ("json", "avro", "json_schema", "protobuf")
 #: Shapes remembered per mapper (schemas seen); cleared when full.
 SHAPE_CACHE_SIZE = 1024
 
@@ -136,11 +141,12 @@ class AutoMapper:
         ``tombstones`` / ``truncate``: the pipeline's settings of those names; ``version``: a
         ``map_document(record, {"@source": source block}) -> ((version,), _)`` mapper of the sink's
         ``version:``, or None."""
-        if fmt not in ("json", "avro"):
-            raise ValueError(f"columns: auto reads schemas of format json (with schemas) or avro, not {fmt!r}")
+        if fmt not in FORMATS:
+            raise ValueError(f"columns: auto reads schemas of formats {', '.join(FORMATS)}, not {fmt!r}")
         self._dialect = dialect
         self._debezium = envelope == "debezium"
-        self._avro = fmt == "avro"
+        self._fmt = fmt
+        self._key_protobuf = getattr(key_decoder, "name", "") == "protobuf"
         self._decoder = decoder
         self._key_decoder = key_decoder
         self._coercer = coercer
@@ -178,29 +184,27 @@ class AutoMapper:
                 raise NoChange("tombstone")
             raise InvalidRecord("decode", "tombstone", "record value is null (tombstone)")
         doc = self._decode(record)
-        key_doc, key_schema = self._key(record)
-        if self._avro:
-            ref = _schema_ref(record)
-            schema = self._decoder.store.prepared(ref)
-            cache_key: Any = (ref, key_schema if key_schema is None or isinstance(key_schema, int) else id(key_schema))
-            payload = doc
-        else:
+        key_doc, key_token = self._key(record)
+        if self._fmt == "json":
             if type(doc) is not dict or set(doc) != {"schema", "payload"}:
                 raise InvalidRecord("map", "no_schema", "columns: auto needs the value's schema part "
                                     "(Kafka Connect JSON with schemas.enable=true)")
-            schema = doc["schema"]
-            payload = doc
-            cache_key = (orjson.dumps(schema, option=orjson.OPT_SORT_KEYS),
-                         None if key_schema is None else orjson.dumps(key_schema, option=orjson.OPT_SORT_KEYS))
+            schema: Any = doc["schema"]
+            cache_key: Any = (orjson.dumps(schema, option=orjson.OPT_SORT_KEYS), _hashable(key_token))
+            image_of_plain = doc["payload"]
+        else:
+            schema = _schema_ref(record, protobuf=self._fmt == "protobuf")
+            cache_key = (schema, _hashable(key_token))
+            image_of_plain = doc
         shape = self._shapes.get(cache_key)
         if shape is None:
-            shape = self._shape(cache_key, schema, key_schema, record)
+            shape = self._shape(cache_key, schema, key_token)
+        payload = doc
         position = record.source_position
         stream, offset = stream_id(position[0], position[1]), position[2]
         tail: tuple[Any, ...] = (stream, offset)
         if not self._debezium:
-            image = payload["payload"] if not self._avro else payload
-            values = shape.values(image, key_doc)
+            values = shape.values(image_of_plain, key_doc)
             if self._version is not None:
                 tail += self._version.map_document(record, {})[0]
             return (self._key_of(shape, values, stream, offset), shape, ShapedValues(shape, values), *tail), record.key
@@ -242,19 +246,24 @@ class AutoMapper:
             raise InvalidRecord("decode", "undecodable", f"record value could not be decoded: {exc}"[:300]) from None
 
     def _key(self, record: Record) -> tuple[Any, Any]:
-        """``(the key's fields, the key's schema)``: Avro keys with the key decoder (schema: its id), JSON
-        keys with their schema part; ``(None, None)`` for a key that names no schema."""
+        """``(the key's fields, what names its schema)``: ``("registry", ref)`` for a key in the registry
+        wire format read by the key decoder, ``("connect", schema part)`` for JSON with a schema part,
+        ``("names", field names)`` for a plain JSON object (its fields are value columns), and
+        ``(None, None)`` for no key or one that names no columns (an append-only table)."""
         if record.key is None:
             return None, None
         if self._key_decoder is not None and getattr(self._key_decoder, "store", None) is not None:
             try:
                 doc = self._key_decoder.decode(record)
-                ref = _schema_ref(record, "key")
+                ref = _schema_ref(record, "key", protobuf=self._key_protobuf)
             except IngestError:
                 raise
             except Exception as exc:  # noqa: BLE001
                 raise InvalidRecord("decode", "undecodable", f"record key could not be decoded: {exc}"[:300]) from None
-            return doc, ref
+            return doc, ("registry", ref)
+        if record.key[:1] == b"\x00" and self._fmt != "json":
+            raise InvalidRecord("decode", "key_format", "the record key is in the schema registry's wire format: "
+                                "set key_format to its format (columns: auto takes the table's key from it)")
         try:
             doc = orjson.loads(record.key)
         except orjson.JSONDecodeError:
@@ -262,21 +271,19 @@ class AutoMapper:
         if type(doc) is dict and set(doc) == {"schema", "payload"}:
             from ingest.cdc.debezium import unwrap_key
 
-            return unwrap_key(doc), doc["schema"]
+            return unwrap_key(doc), ("connect", doc["schema"])
+        if type(doc) is dict and doc:
+            return doc, ("names", tuple(doc))
         return None, None
 
-    def _shape(self, cache_key: Any, schema: Any, key_schema: Any, record: Record) -> RowShape:
+    def _shape(self, cache_key: Any, schema: Any, key_token: Any) -> RowShape:
         try:
-            if self._avro:
-                key_avro = (self._key_decoder.store.prepared(key_schema) if isinstance(key_schema, int) else None)
-                shape = shape_from_avro(schema, self._dialect, key_schema=key_avro, envelope=self._debezium,
-                                        reserved_columns=self._reserved)
-            else:
-                shape = shape_from_connect(schema, self._dialect, key_schema=key_schema, envelope=self._debezium,
-                                           reserved_columns=self._reserved)
+            shape = self._read_shape(schema, key_token)
+            if key_token is not None and key_token[0] == "names":
+                shape = _keyed_by(shape, key_token[1])
         except SchemaIncompatible:
             raise
-        except Exception as exc:  # noqa: BLE001 - a malformed schema part is the record's fault
+        except Exception as exc:  # noqa: BLE001 - a malformed schema is the record's fault
             raise SchemaIncompatible("unsupported_schema",
                                      f"its schema cannot be read: {type(exc).__name__}: {exc}"[:300]) from None
         if len(self._shapes) >= SHAPE_CACHE_SIZE:
@@ -284,8 +291,77 @@ class AutoMapper:
         row_shape = self._shapes[cache_key] = RowShape(shape, self._coercer)
         return row_shape
 
+    def _read_shape(self, schema: Any, key_token: Any) -> Shape:
+        """The shape of the value schema ``schema`` (a Connect schema part, or the registry ref of the
+        value) keyed by the key schema ``key_token`` names."""
+        dialect, reserved, envelope = self._dialect, self._reserved, self._debezium
+        registry_key = key_token[1] if key_token is not None and key_token[0] == "registry" else None
+        if self._fmt == "json":
+            connect_key = key_token[1] if key_token is not None and key_token[0] == "connect" else None
+            return shape_from_connect(schema, dialect, key_schema=connect_key, envelope=envelope,
+                                      reserved_columns=reserved)
+        parsed = self._decoder.store.prepared(schema[0])
+        key_parsed = self._key_decoder.store.prepared(registry_key[0]) if registry_key is not None else None
+        if self._fmt == "avro":
+            return shape_from_avro(parsed, dialect, key_schema=key_parsed, envelope=envelope, reserved_columns=reserved)
+        if self._fmt == "json_schema":
+            root = _json_schema_after(parsed) if envelope else parsed
+            return shape_from_json_schema(root, dialect, key_schema=key_parsed, reserved_columns=reserved)
+        descriptor = parsed.descriptor(schema[1])
+        if envelope:
+            after = descriptor.fields_by_name.get("after")
+            if after is None or after.message_type is None:
+                raise SchemaIncompatible("unsupported_schema", "the change event's message has no 'after' message")
+            descriptor = after.message_type
+        key_descriptor = key_parsed.descriptor(registry_key[1]) if key_parsed is not None else None
+        return shape_from_protobuf(descriptor, dialect, key_descriptor=key_descriptor, reserved_columns=reserved)
 
-def _schema_ref(record: Record, field: str = "value") -> Any:
+
+def _hashable(key_token: Any) -> Any:
+    if key_token is not None and key_token[0] == "connect":
+        return ("connect", orjson.dumps(key_token[1], option=orjson.OPT_SORT_KEYS))
+    return key_token
+
+
+def _keyed_by(shape: Shape, names: tuple[str, ...]) -> Shape:
+    """``shape`` keyed by the value columns ``names`` (a plain JSON key's fields), made NOT NULL."""
+    missing = [n for n in names if shape.column(n) is None]
+    if missing:
+        raise SchemaIncompatible("key_unknown", f"the record key's fields {missing} are not fields of the value: "
+                                 "their types are unknown")
+    columns = tuple(dataclasses.replace(c, nullable=False) if c.name in names else c for c in shape.columns)
+    return Shape(shape.dialect, columns, names)
+
+
+def _json_schema_after(root: Any) -> Any:
+    """A change event's JSON Schema → the schema of its ``after`` object (its definitions kept)."""
+    node = (root.get("properties") or {}).get("after") if isinstance(root, dict) else None
+    seen = 0
+    while isinstance(node, dict) and seen < 16:
+        seen += 1
+        if "$ref" in node and node["$ref"].startswith("#/"):
+            target: Any = root
+            for step in node["$ref"][2:].split("/"):
+                target = target.get(step) if isinstance(target, dict) else None
+            node = target
+            continue
+        branches = node.get("oneOf") or node.get("anyOf")
+        if branches:
+            node = next((b for b in branches if isinstance(b, dict) and b.get("type") != "null"), None)
+            continue
+        break
+    if not isinstance(node, dict) or node.get("type") not in ("object", None) or "properties" not in node:
+        raise SchemaIncompatible("unsupported_schema", "the change event's JSON Schema has no 'after' object")
+    kept = {k: v for k, v in root.items() if k in ("definitions", "$defs")}
+    return {**kept, **node}
+
+
+def _schema_ref(record: Record, field: str = "value", *, protobuf: bool = False) -> tuple[Any, tuple[int, ...]]:
+    """``(schema ref, message indexes)`` of a registry-format value (or key); the indexes are ``()``
+    except for Protobuf."""
     from ingest.formats import wire
 
-    return wire.split(record, field)[0]  # type: ignore[arg-type]
+    if protobuf:
+        ref, indexes, _ = wire.split_protobuf(record, field)  # type: ignore[arg-type]
+        return ref, tuple(indexes)
+    return wire.split(record, field)[0], ()  # type: ignore[arg-type]

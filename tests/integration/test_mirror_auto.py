@@ -351,3 +351,44 @@ def test_two_processes_racing_to_create_and_alter_the_same_tables_both_succeed(
         assert sink_rows(pg_dsn, source.table, "id, label, qty, note") == expected, source.table
         assert list(table_columns(pg_dsn, source.table))[-1] == "note"
     assert dlq_rows(pg_dsn) == []
+
+
+@pytest.mark.parametrize("fmt", ["json_schema", "protobuf"])
+def test_debezium_json_schema_and_protobuf_through_the_registry_keyed_by_plain_json_keys(
+        fmt, kafka_bootstrap, pg_dsn, new_topic, group_id, schema_registry, tmp_path: Path) -> None:
+    """The table from the envelope's ``after`` object / message in the registry; the key's fields from a plain
+    JSON record key (``{"id": 1}``), typed by the value's schema; deletes apply by it."""
+    from integration.test_cdc_formats import ENCODERS, Source
+
+    topic = new_topic(partitions=1)
+    source = Source()
+    for i in range(1, 31):
+        source.upsert(i, i, name=None if i % 9 == 0 else f"n{i}")
+    for i in (2, 4, 6):
+        source.upsert(i, 100 + i, op="u")
+    for i in (5, 7):
+        source.delete(i, 200 + i)
+    produce(kafka_bootstrap, topic, ENCODERS[fmt](schema_registry.url, topic, source.events))
+    pipeline = {"name": PIPELINE, "topics": [topic], "group_id": group_id, "format": fmt, "envelope": "debezium",
+                "commit_interval_ms": 200, "batch": {"max_rows": 10, "max_latency_ms": 100},
+                "sink": {"kind": "postgres", "dsn": pg_dsn, "table": "{source.table}", "columns": "auto"},
+                "dlq": {"kind": "postgres", "dsn": pg_dsn}}
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                               "client": dict(TEST_CONSUMER_SETTINGS)},
+                                     "schema_registry": {"url": schema_registry.url}, "pipelines": [pipeline]})
+    assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
+    res = run_ingest(["run", "--config", config, "--until-idle", "2", "--metrics-port", "0"], timeout_s=120,
+                     log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert dlq_rows(pg_dsn) == []
+    columns = table_columns(pg_dsn, "items")
+    assert primary_key(pg_dsn, "items") == ["id"] and columns["id"] == ("bigint", True)
+    assert columns["price"][0] == "text"  # both encode the decimal as its exact text
+    if fmt == "protobuf":  # a google.protobuf.Timestamp
+        assert columns["updated_at"][0] == "timestamp with time zone"
+        expected = {i: (r["name"], str(r["price"]), r["updated_at"]) for i, r in source.table.items()}
+    else:  # ISO 8601 text, as the envelope's schema says: a string
+        assert columns["updated_at"][0] == "text"
+        expected = {i: (r["name"], str(r["price"]), r["updated_at"].isoformat()) for i, r in source.table.items()}
+    assert sink_rows(pg_dsn, "items", "id, name, price, updated_at") == expected
+    assert_committed_at_log_end(kafka_bootstrap, group_id, topic)

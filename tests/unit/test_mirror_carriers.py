@@ -54,7 +54,7 @@ def test_columns_auto_becomes_the_carrier_columns_keyed_by_the_records_key() -> 
     ({"sink": {"version": {"column": "lsn", "source": "$.lsn"}}}, "@source.PATH or record metadata"),
     ({"sink": {"evolve": "sometimes"}}, "evolve"),
     ({"sink": {"write_method": "values"}}, "write_method copy"),
-    ({"format": "protobuf"}, "not format 'protobuf'"),
+    ({"format": "xml"}, "format"),
     ({"format": "avro", "schema_registry": None}, "set key_format avro"),
     ({"transforms": [{"drop": ["x"]}]}, "transforms"),
     ({"key": "$.id"}, "key:"),
