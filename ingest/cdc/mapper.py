@@ -46,11 +46,10 @@ _HIDDEN_PREFIX = "_ingest_"
 def mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,
                key_decoder: Decoder | None = None) -> Any:
     """The mapper of ``settings`` (:func:`_mapper_for`), wrapped in a
-    :class:`~ingest.mirror.router.RoutingMapper` when ``sink.table`` is a template."""
-    mapper = (_auto_mapper(settings, decoder, key_decoder) if settings.auto_columns
-              else _mapper_for(settings, decoder=decoder, key_decoder=key_decoder))
+    :class:`~ingest.mirror.router.RoutingMapper` when ``sink.table`` is a template; with ``columns: auto``
+    an :class:`~ingest.mirror.auto.AutoMapper`, which routes itself."""
     if not settings.routes_tables:
-        return mapper
+        return _mapper_for(settings, decoder=decoder, key_decoder=key_decoder)
     from ingest.mirror.names import Reserved
     from ingest.mirror.router import RoutingMapper, TableRouter
 
@@ -58,11 +57,14 @@ def mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,
     router = TableRouter(settings.table_template, settings.topic_selector, settings.sink.kind,
                          reserved=Reserved(settings.dlq.table, frozenset([tombstones] if tombstones else [])),
                          deletes=settings.has_deletes, database=getattr(settings.sink, "database", "default"))
+    if settings.auto_columns:
+        return _auto_mapper(settings, decoder, key_decoder, router)
     decode = (decoder or JsonDecoder()).decode
-    return RoutingMapper(mapper, router, decode)
+    return RoutingMapper(_mapper_for(settings, decoder=decoder, key_decoder=key_decoder), router, decode)
 
 
-def _auto_mapper(settings: PipelineSettings, decoder: Decoder | None, key_decoder: Decoder | None) -> Any:
+def _auto_mapper(settings: PipelineSettings, decoder: Decoder | None, key_decoder: Decoder | None,
+                 router: Any) -> Any:
     """The :class:`~ingest.mirror.auto.AutoMapper` of a ``columns: auto`` pipeline: values coerced by the
     row mapper's coercer of each column type."""
     from ingest.config.base import ColumnSpec
@@ -85,7 +87,8 @@ def _auto_mapper(settings: PipelineSettings, decoder: Decoder | None, key_decode
                          None, dialect=dialect)
     return AutoMapper(dialect=dialect, envelope=settings.envelope, fmt=settings.format, decoder=decoder,
                       key_decoder=key_decoder, coercer=coercer, tombstones=settings.effective_tombstones,
-                      truncate=settings.truncate, reserved_columns=reserved, version=version)
+                      truncate=settings.truncate, reserved_columns=reserved, version=version, router=router,
+                      overrides=list(getattr(settings.sink, "tables", {}).items()))
 
 
 def _mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,

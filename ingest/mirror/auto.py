@@ -17,7 +17,7 @@ without a row). Its rows are *carriers* of a fixed width, so everything that wor
 by key, lanes, isolation, replay, exactly-once) works unchanged; only the sink opens them
 (:mod:`ingest.sinks.postgres.auto`)::
 
-    (key, shape, values, stream, offset[, version])        + the table, appended by the router
+    (key, shape, values, stream, offset[, version], table)
 
 - ``key``: the values of the record's key columns, a tuple (a table without a key: the record's
   position, so no two records collapse);
@@ -38,7 +38,8 @@ carry their own shape.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import fnmatch
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,12 +136,15 @@ class AutoMapper:
 
     def __init__(self, *, dialect: str, envelope: str, fmt: str, decoder: Any, key_decoder: Any,
                  coercer: Callable[[str, bool], Any], tombstones: str, truncate: str,
-                 reserved_columns: tuple[str, ...] = (), version: Any = None) -> None:
+                 reserved_columns: tuple[str, ...] = (), version: Any = None, router: Any = None,
+                 overrides: Sequence[tuple[str, Any]] = ()) -> None:
         """``fmt``: ``json`` (Kafka Connect schema parts) or ``avro`` (the registry's writer schemas);
         ``decoder`` / ``key_decoder``: the pipeline's value and key decoders (None: JSON);
         ``tombstones`` / ``truncate``: the pipeline's settings of those names; ``version``: a
         ``map_document(record, {"@source": source block}) -> ((version,), _)`` mapper of the sink's
-        ``version:``, or None."""
+        ``version:``, or None. ``router``: the pipeline's :class:`~ingest.mirror.router.TableRouter` (the
+        table is appended to each carrier); ``overrides``: ``(name or glob, TableOverride)`` of the
+        sink's ``tables:``, the first that matches a table applies to it."""
         if fmt not in FORMATS:
             raise ValueError(f"columns: auto reads schemas of formats {', '.join(FORMATS)}, not {fmt!r}")
         self._dialect = dialect
@@ -155,9 +159,14 @@ class AutoMapper:
         self._reserved = reserved_columns
         self._shapes: dict[Any, RowShape] = {}
         self._version = version
+        self.router = router
+        self._overrides = tuple(overrides)
+        self._override_of: dict[str, tuple[str, Any] | None] = {}
         self.column_names = [CARRIER_KEY, CARRIER_SHAPE, CARRIER_VALUES, "_ingest_stream", "_ingest_offset",
-                             *([CARRIER_VERSION] if version is not None else [])]
-        self.column_types = ["text", "text", "text", "bigint", "bigint", *(["bigint"] if version is not None else [])]
+                             *([CARRIER_VERSION] if version is not None else []),
+                             *(["_ingest_table"] if router is not None else [])]
+        self.column_types = ["text", "text", "text", "bigint", "bigint", *(["bigint"] if version is not None else []),
+                             *(["text"] if router is not None else [])]
 
     #: the mapper interface the runner reads (no fast or typed tiers here)
     fast_misses = 0
@@ -191,40 +200,52 @@ class AutoMapper:
                                     "(Kafka Connect JSON with schemas.enable=true)")
             schema: Any = doc["schema"]
             cache_key: Any = (orjson.dumps(schema, option=orjson.OPT_SORT_KEYS), _hashable(key_token))
-            image_of_plain = doc["payload"]
+            image: Any = doc["payload"]
         else:
             schema = _schema_ref(record, protobuf=self._fmt == "protobuf")
             cache_key = (schema, _hashable(key_token))
-            image_of_plain = doc
+            image = doc
+        change = None
+        if self._debezium:
+            from ingest.cdc.debezium import unwrap  # the change event's images, values converted
+
+            change = unwrap(doc)
+            if change.op == "t":
+                if self._truncate == "ignore":
+                    raise NoChange("truncate ignored")
+                raise InvalidRecord("map", "truncate", "a truncate event (op t) cannot be applied by key; "
+                                    "it is dead-lettered (truncate: dlq)")
+        table = self.router.table(record, change.source if change is not None else None) \
+            if self.router is not None else None
+        override = self._override(table) if self._overrides and table is not None else None
+        if override is not None:
+            cache_key = (*cache_key, override[0])
         shape = self._shapes.get(cache_key)
         if shape is None:
-            shape = self._shape(cache_key, schema, key_token)
-        payload = doc
+            shape = self._shape(cache_key, schema, key_token, override[1] if override is not None else None)
         position = record.source_position
         stream, offset = stream_id(position[0], position[1]), position[2]
         tail: tuple[Any, ...] = (stream, offset)
-        if not self._debezium:
-            values = shape.values(image_of_plain, key_doc)
-            if self._version is not None:
-                tail += self._version.map_document(record, {})[0]
+        if self._version is not None:
+            tail += self._version.map_document(record, {"@source": change.source} if change is not None else {})[0]
+        if table is not None:
+            tail += (table,)
+        if change is None or change.op != "d":
+            values = shape.values(image if change is None else change.after, key_doc)
             return (self._key_of(shape, values, stream, offset), shape, ShapedValues(shape, values), *tail), record.key
-        from ingest.cdc.debezium import unwrap  # the change event's images, values converted
+        if not shape.key_positions:
+            raise NoChange("a delete in a table without a key: nothing to delete by")
+        key = shape.key_values(change.before, key_doc)
+        return DeleteRow((key, shape, None, *tail)), record.key
 
-        change = unwrap(payload)
-        if self._version is not None and change.op != "t":
-            tail += self._version.map_document(record, {"@source": change.source})[0]
-        if change.op in ("c", "r", "u"):
-            values = shape.values(change.after, key_doc)
-            return (self._key_of(shape, values, stream, offset), shape, ShapedValues(shape, values), *tail), record.key
-        if change.op == "d":
-            if not shape.key_positions:
-                raise NoChange("a delete in a table without a key: nothing to delete by")
-            key = shape.key_values(change.before, key_doc)
-            return DeleteRow((key, shape, None, *tail)), record.key
-        if self._truncate == "ignore":
-            raise NoChange("truncate ignored")
-        raise InvalidRecord("map", "truncate", "a truncate event (op t) cannot be applied by key; "
-                            "it is dead-lettered (truncate: dlq)")
+    def _override(self, table: str) -> tuple[str, Any] | None:
+        """The ``tables:`` entry of ``table``: its exact name, else the first glob that matches."""
+        if table in self._override_of:
+            return self._override_of[table]
+        found = next(((p, o) for p, o in self._overrides if p == table), None) or \
+            next(((p, o) for p, o in self._overrides if fnmatch.fnmatchcase(table, p)), None)
+        self._override_of[table] = found
+        return found
 
     @staticmethod
     def _key_of(shape: RowShape, values: tuple[Any, ...], stream: int, offset: int) -> tuple[Any, ...]:
@@ -276,11 +297,13 @@ class AutoMapper:
             return doc, ("names", tuple(doc))
         return None, None
 
-    def _shape(self, cache_key: Any, schema: Any, key_token: Any) -> RowShape:
+    def _shape(self, cache_key: Any, schema: Any, key_token: Any, override: Any = None) -> RowShape:
         try:
             shape = self._read_shape(schema, key_token)
             if key_token is not None and key_token[0] == "names":
                 shape = _keyed_by(shape, key_token[1])
+            if override is not None:
+                shape = _overridden(shape, override)
         except SchemaIncompatible:
             raise
         except Exception as exc:  # noqa: BLE001 - a malformed schema is the record's fault
@@ -327,10 +350,23 @@ def _keyed_by(shape: Shape, names: tuple[str, ...]) -> Shape:
     """``shape`` keyed by the value columns ``names`` (a plain JSON key's fields), made NOT NULL."""
     missing = [n for n in names if shape.column(n) is None]
     if missing:
-        raise SchemaIncompatible("key_unknown", f"the record key's fields {missing} are not fields of the value: "
-                                 "their types are unknown")
+        raise SchemaIncompatible("key_unknown", f"the key's columns {missing} are not fields of the value")
     columns = tuple(dataclasses.replace(c, nullable=False) if c.name in names else c for c in shape.columns)
     return Shape(shape.dialect, columns, names)
+
+
+def _overridden(shape: Shape, override: Any) -> Shape:
+    """``shape`` as a ``tables:`` entry says: column types replaced, the key replaced (``conflict_key``)
+    or removed (``on_conflict: none``: append-only). Raises SchemaIncompatible for a key column the
+    schema does not have."""
+    columns = tuple(dataclasses.replace(c, type=override.columns[c.name].type) if c.name in override.columns
+                    else c for c in shape.columns)
+    shape = Shape(shape.dialect, columns, shape.key)
+    if override.on_conflict == "none":
+        return Shape(shape.dialect, shape.columns, ())
+    if override.conflict_key:
+        return _keyed_by(Shape(shape.dialect, shape.columns, ()), tuple(override.conflict_key))
+    return shape
 
 
 def _json_schema_after(root: Any) -> Any:

@@ -392,3 +392,35 @@ def test_debezium_json_schema_and_protobuf_through_the_registry_keyed_by_plain_j
         expected = {i: (r["name"], str(r["price"]), r["updated_at"].isoformat()) for i, r in source.table.items()}
     assert sink_rows(pg_dsn, "items", "id, name, price, updated_at") == expected
     assert_committed_at_log_end(kafka_bootstrap, group_id, topic)
+
+
+def test_per_table_overrides_change_a_type_the_key_or_make_a_table_append_only(
+        kafka_bootstrap, pg_dsn, group_id, tmp_path: Path) -> None:
+    prefix = f"ov{random.randrange(10**6)}"
+    topics = {name: f"{prefix}.public.{name}" for name in ("ov_a", "log", "plain")}
+    for topic in topics.values():
+        create_topic(kafka_bootstrap, topic, 1)
+    config = _config(tmp_path, kafka_bootstrap, pg_dsn, group_id, [f"^{prefix}\\.public\\..*"], tables={
+        "ov_*": {"conflict_key": ["label"], "columns": {"qty": {"type": "bigint"}}},
+        "log": {"on_conflict": "none"}})
+    sources = {name: Evolving(name) for name in topics}
+    for name, topic in topics.items():  # ids 0..29, labels repeat every 10 ids
+        produce(kafka_bootstrap, topic, sources[name].upserts(V1, range(30), lambda i: {"label": f"l{i % 10}", "qty": i}))
+        produce(kafka_bootstrap, topic, sources[name].upserts(V1, range(5), lambda i: {"label": f"l{i % 10}", "qty": -i}))
+    res = run_ingest(["run", "--config", config, "--until-idle", "2", "--metrics-port", "0"], timeout_s=120,
+                     log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert dlq_rows(pg_dsn) == []
+    # ov_a: keyed by label (the last record of each label wins), qty a bigint
+    assert primary_key(pg_dsn, "ov_a") == ["label"] and table_columns(pg_dsn, "ov_a")["qty"] == ("bigint", False)
+    by_label = {r["label"]: (r["id"], r["qty"]) for r in [
+        *({"id": i, "label": f"l{i % 10}", "qty": i} for i in range(30)),
+        *({"id": i, "label": f"l{i % 10}", "qty": -i} for i in range(5))]}
+    assert sink_rows(pg_dsn, "ov_a", "label, id, qty") == by_label
+    # log: every record a row, no key
+    assert primary_key(pg_dsn, "log") == []
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM log").fetchone()[0] == 35
+    # plain: no override, keyed by the record key
+    assert primary_key(pg_dsn, "plain") == ["id"] and table_columns(pg_dsn, "plain")["qty"] == ("integer", False)
+    assert sink_rows(pg_dsn, "plain", "id, qty") == {i: (r["qty"],) for i, r in sources["plain"].rows.items()}

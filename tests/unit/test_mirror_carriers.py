@@ -140,3 +140,34 @@ def test_one_version_for_every_table_rides_last_and_collapse_keeps_the_highest()
     with pytest.raises(InvalidRecord) as err:  # a field named like the version column cannot be a column
         m.map(event("c", 2, fields=(*FIELDS, Field("lsn", "int64"))))
     assert err.value.error_class == "schema_incompatible"
+
+
+@pytest.mark.parametrize(("sink", "says"), [
+    ({"tables": {"t": {"columns": {"x": {"type": "nonsense(("}}}}}, "tables"),
+    ({"tables": {"t": {"conflict_key": ["id"], "on_conflict": "none"}}}, "append-only table has no key"),
+    ({"tables": {"t": {"conflict_key": []}}}, "at least one column"),
+    ({"tables": {"t": {"version_column": "v"}}}, "version_column"),
+])
+def test_table_overrides_it_cannot_take_say_why(sink: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        settings(sink=sink)
+    assert says in str(err.value)
+
+
+def test_tables_go_with_columns_auto_only() -> None:
+    with pytest.raises(ValidationError) as err:
+        PipelineSettings.model_validate({"name": "m", "topics": ["t"], "sink": {
+            "table": "t", "conflict_key": ["id"], "columns": {"id": {"type": "bigint"}}, "tables": {"t": {}}}})
+    assert "tables: per-table overrides go with columns: auto" in str(err.value)
+
+
+def test_an_override_rekeys_and_retypes_the_tables_it_matches_only() -> None:
+    m = mapper_for(settings(sink={"tables": {"ite*": {"conflict_key": ["name"], "columns": {"price": {"type": "text"}}}}}))
+    row, _ = m.map(event("c", 7, name="n7"))
+    assert row[KEY_AT] == ("n7",) and row[SHAPE_AT].shape.key == ("name",)
+    assert row[VALUES_AT].values == (7, "n7", "1.50")  # the text the numeric coerces to as text
+    other, _ = m.map(event("c", 7, name="n7", table="other"))
+    assert other[KEY_AT] == (7,)
+    with pytest.raises(InvalidRecord) as err:  # the key column must be a field of the value
+        mapper_for(settings(sink={"tables": {"items": {"conflict_key": ["nope"]}}})).map(event("c", 1))
+    assert err.value.error_class == "schema_incompatible"

@@ -35,6 +35,38 @@ SOURCE_COLUMNS: dict[str, dict[str, str]] = {
 RESERVED_PREFIX = "_ingest_"
 
 
+class ColumnOverride(Frozen):
+    """A column's type in a ``tables:`` entry (instead of the type map's)."""
+
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, value: str) -> str:
+        pg_base_type(value)
+        return value
+
+
+class TableOverride(Frozen):
+    """A ``tables:`` entry of a ``columns: auto`` sink: what one table (or the tables a glob matches)
+    takes instead of what its records' schemas say."""
+
+    #: the table's key: these value columns instead of the record key's fields
+    conflict_key: list[str] | None = None
+    #: column → its type (a column the schema lacks is not added)
+    columns: dict[str, ColumnOverride] = Field(default_factory=dict)
+    #: ``none``: append every record (no key, no upsert) even when the records have a key
+    on_conflict: Literal["update", "none"] | None = None
+
+    @model_validator(mode="after")
+    def _one_key(self) -> TableOverride:
+        if self.on_conflict == "none" and self.conflict_key:
+            raise ValueError("conflict_key and on_conflict none: an append-only table has no key")
+        if self.conflict_key is not None and (not self.conflict_key or len(set(self.conflict_key)) != len(self.conflict_key)):
+            raise ValueError("conflict_key lists at least one column, each once")
+        return self
+
+
 class AutoVersion(Frozen):
     """``version`` of a ``columns: auto`` sink: every table gets column ``column`` (of ``type``) holding
     ``source`` (``@source.PATH`` of a change event, or record metadata such as ``@timestamp``); an update
@@ -96,6 +128,8 @@ class PostgresSinkSettings(SinkSettingsBase):
     evolve: Literal["off", "add_columns", "add_and_widen"] = "add_columns"
     #: With ``columns: auto``: one version column for every table (see :class:`AutoVersion`).
     version: AutoVersion | None = None
+    #: With ``columns: auto``: per-table overrides, by resolved table name or glob (see :class:`TableOverride`).
+    tables: dict[str, TableOverride] = Field(default_factory=dict)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, hide_input_in_errors=True)
 
@@ -205,6 +239,8 @@ def auto_columns(data: Any) -> Any:
             raise ValueError("conflict_key: auto goes with columns: auto (the key of a schema's table)")
         if data.get("version") is not None:
             raise ValueError("version: goes with columns: auto (with a column list, set version_column)")
+        if data.get("tables"):
+            raise ValueError("tables: per-table overrides go with columns: auto")
         return data
     from ingest.mirror.auto import CARRIER_KEY, CARRIER_VERSION, carrier_columns  # mirror imports no settings
 
