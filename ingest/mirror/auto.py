@@ -238,6 +238,19 @@ class AutoMapper:
         key = shape.key_values(change.before, key_doc)
         return DeleteRow((key, shape, None, *tail)), record.key
 
+    def table_shape(self, table: str, value_ref: Any, key_ref: Any = None) -> Shape:
+        """The shape ``table`` gets from the registry schema ``value_ref`` (its latest version, say) keyed
+        by ``key_ref`` (a registry key schema; None: no key), its ``tables:`` override applied -- what
+        ``ingest migrate`` and ``ingest check`` plan from. Registry formats only (ValueError for json);
+        raises SchemaIncompatible like a record of that schema."""
+        if self._fmt == "json":
+            raise ValueError("Kafka Connect JSON carries its schema in each record")
+        value = (value_ref, (0,) if self._fmt == "protobuf" else ())
+        key = ("registry", (key_ref, (0,) if self._key_protobuf else ())) if key_ref is not None else None
+        override = self._override(table) if self._overrides else None
+        return self._shape(("plan", value, key, override[0] if override else None), value, key,
+                           override[1] if override is not None else None).shape
+
     def _override(self, table: str) -> tuple[str, Any] | None:
         """The ``tables:`` entry of ``table``: its exact name, else the first glob that matches."""
         if table in self._override_of:

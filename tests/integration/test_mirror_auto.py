@@ -424,3 +424,57 @@ def test_per_table_overrides_change_a_type_the_key_or_make_a_table_append_only(
     # plain: no override, keyed by the record key
     assert primary_key(pg_dsn, "plain") == ["id"] and table_columns(pg_dsn, "plain")["qty"] == ("integer", False)
     assert sink_rows(pg_dsn, "plain", "id, qty") == {i: (r["qty"],) for i, r in sources["plain"].rows.items()}
+
+
+def test_migrate_dry_run_check_and_migrate_plan_tables_from_the_latest_registry_schemas(
+        kafka_bootstrap, pg_dsn, group_id, schema_registry, tmp_path: Path) -> None:
+    import json
+
+    from harness.serde import avro_values
+    from integration.test_cdc_formats import KEY_SCHEMA, VALUE_SCHEMA, Source
+
+    prefix = f"plan{random.randrange(10**6)}"
+    topic = f"{prefix}.public.accounts"
+    create_topic(kafka_bootstrap, topic, 1)
+    source = Source()
+    source.upsert(1, 1)
+
+    def register(schema: str) -> None:  # the serializer registers the subjects
+        avro_values(schema_registry.url, topic, schema, [d for _, d in source.events])
+        avro_values(schema_registry.url, topic, KEY_SCHEMA, [{"id": 1}], field="key")
+
+    register(VALUE_SCHEMA)
+    pipeline = {"name": PIPELINE, "topics": [f"^{prefix}\\.public\\.(?P<t>.+)$"], "group_id": group_id,
+                "format": "avro", "key_format": "avro", "envelope": "debezium",
+                "sink": {"kind": "postgres", "dsn": pg_dsn, "table": "{t}", "columns": "auto"},
+                "dlq": {"kind": "postgres", "dsn": pg_dsn}}
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                               "client": dict(TEST_CONSUMER_SETTINGS)},
+                                     "schema_registry": {"url": schema_registry.url}, "pipelines": [pipeline]})
+
+    def ingest(*args: str) -> str:
+        res = run_ingest([*args, "--config", config], timeout_s=60, log_dir=tmp_path)
+        assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+        return res.stdout
+
+    out = ingest("migrate", "--dry-run")
+    assert f"table accounts (topic {topic}): would be created" in out and 'CREATE TABLE IF NOT EXISTS "public"."accounts"' in out, out
+    assert not _has_table(pg_dsn, "accounts")
+    assert "would be created" in ingest("check")
+    out = ingest("migrate")
+    assert "table accounts" in out and ": created" in out, out
+    assert primary_key(pg_dsn, "accounts") == ["id"] and "_ingest_offset" in table_columns(pg_dsn, "accounts")
+    assert "exists and takes its latest schema" in ingest("check")
+
+    wider = json.loads(VALUE_SCHEMA)  # a field added in the latest schema
+    wider["fields"][0]["type"][1]["fields"].append({"name": "color", "type": ["null", "string"], "default": None})
+    register(json.dumps(wider))
+    out = ingest("migrate", "--dry-run")
+    assert "would be altered" in out and '"color"' in out and "ALTER TABLE" in out, out
+    assert "color" not in table_columns(pg_dsn, "accounts")
+    assert "would be altered" in ingest("check")
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # a table its latest schema cannot fit
+        conn.execute("ALTER TABLE accounts ALTER COLUMN name TYPE integer USING NULL")
+    out = ingest("check")
+    assert "warn" in out and "incompatible with its latest schema" in out and "'name'" in out, out

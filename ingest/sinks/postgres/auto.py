@@ -43,7 +43,7 @@ from ingest.config.cdc import DeleteSettings
 from ingest.drivers.postgres import connect, translate
 from ingest.errors import PermanentError
 from ingest.mirror.auto import KEY_AT, OFFSET_AT, SHAPE_AT, STREAM_AT, VALUES_AT, VERSION_AT, RowShape
-from ingest.mirror.ddl import ensure_postgres
+from ingest.mirror.ddl import DdlResult, ensure_postgres
 from ingest.mirror.errors import SchemaIncompatible
 from ingest.mirror.evolve import Incompatible, plan
 from ingest.mirror.router import table_of
@@ -172,27 +172,47 @@ class AutoTables:
         for name in names:
             self._tables.pop(name, None)
 
+    def migrate(self, name: str, wanted: Shape, *, dry_run: bool) -> DdlResult:
+        """Create or evolve ``name`` for ``wanted`` now (``ingest migrate``; an incompatible table is left
+        as it is), or with ``dry_run`` only say what that would run. Raises like a write."""
+        result = self._run_ddl(name, wanted, dry_run=dry_run)
+        if not dry_run:
+            self._remember(name, result)
+        return result
+
     def _ensure(self, name: str, wanted: Shape) -> tuple[AutoTable, str | None]:
         """The table as the catalog has it after making it take ``wanted``, and why it cannot (or None)."""
+        result = self._run_ddl(name, wanted, dry_run=False)
+        return self._remember(name, result)
+
+    def _remember(self, name: str, result: DdlResult) -> tuple[AutoTable, str | None]:
+        assert result.shape is not None  # created, altered, or there as it is (incompatible)
+        table = self._build(name, result.shape)
+        self._tables[name] = table
+        return table, str(result.incompatible) if result.action == "incompatible" else None
+
+    def _run_ddl(self, name: str, wanted: Shape, *, dry_run: bool) -> DdlResult:
+        """:func:`ensure_postgres` on a connection of its own, with the columns ingest adds (the source
+        columns and the version of a keyed table) and, with deletes, the tombstone table and soft column."""
         cfg = self._cfg
-        extra = SOURCE if wanted.key else ()
+        extra: tuple[Column, ...] = SOURCE if wanted.key else ()
         if cfg.version is not None and wanted.key:
             extra = (*extra, Column(cfg.version.column, cfg.version.type, True))
         network = cfg.network.model_copy(update={"client_timeout_ms": 0})  # DDL may wait, bounded by lock_timeout
         with translate() as t, connect(cfg.dsn.get_secret_value(), network, autocommit=True) as conn:
             t.conn = conn
             conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(DDL_LOCK_TIMEOUT_MS)))
-            result = ensure_postgres(conn, cfg.db_schema, name, wanted, cfg.evolve, extra_columns=extra)
-            if result.action == "incompatible":
-                assert result.shape is not None  # the table is there, as it is
-                return self._build(name, result.shape), str(result.incompatible)
+            result = ensure_postgres(conn, cfg.db_schema, name, wanted, cfg.evolve, dry_run=dry_run,
+                                     extra_columns=extra)
+            if dry_run or result.action == "incompatible" or not wanted.key or self._deletes is None:
+                return result
             assert result.shape is not None
-            table = self._build(name, result.shape)
-            if table.deletes is not None:
-                for statement in (table.deletes.create_tombstones, table.deletes.soft_column_ddl):
+            deletes = self._build(name, result.shape).deletes
+            if deletes is not None:
+                for statement in (deletes.create_tombstones, deletes.soft_column_ddl):
                     if statement is not None:
                         conn.execute(statement)
-        return table, None
+        return result
 
     def _build(self, name: str, shape: Shape) -> AutoTable:
         soft = self._deletes.soft_column if self._deletes is not None and self._deletes.mode == "soft" else None

@@ -389,6 +389,12 @@ class PostgresSink:
             conn.execute(self._shared.create_stage)
             staged.add("")  # the shared stage
 
+    def plan_auto_table(self, name: str, shape: Any, *, dry_run: bool) -> Any:
+        """``columns: auto``: create or evolve ``name`` for ``shape`` now (``ingest migrate``), or with
+        ``dry_run`` say what that would run -- a :class:`~ingest.mirror.ddl.DdlResult`."""
+        assert self._auto is not None, "columns: auto only"
+        return self._auto.migrate(name, shape, dry_run=dry_run)
+
     def ensure_table(self, name: str) -> None:
         """Create the routed table ``name`` now if it is missing (``ingest migrate``). Raises like a write;
         ValueError with ``columns: auto`` (a table is made from a record's schema)."""
