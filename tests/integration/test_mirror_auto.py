@@ -255,39 +255,49 @@ def test_columns_are_added_kept_and_an_incompatible_change_is_quarantined_then_r
 # --------------------------------------------------------------------------- Avro through the registry
 
 
-def test_debezium_avro_through_the_registry_creates_and_evolves_the_table(
-        kafka_bootstrap, pg_dsn, new_topic, group_id, schema_registry, tmp_path: Path) -> None:
-    """Debezium's Avro converter: the table from the ``after`` record of the writer schema, the key from
-    the key schema; a second writer schema mid-stream (a field added) adds its column; deletes apply."""
+def test_debezium_avro_through_the_registry_creates_and_evolves_six_tables(
+        kafka_bootstrap, pg_dsn, group_id, schema_registry, tmp_path: Path) -> None:
+    """Debezium's Avro converter, six topics over a pattern: each table from the ``after`` record of its
+    writer schema, the key from the key schema; a second writer schema mid-stream (a field added) adds
+    its column to the tables whose topics carry it; deletes apply."""
     import json
 
     from harness.serde import avro_values
     from integration.test_cdc_formats import KEY_SCHEMA, VALUE_SCHEMA, Source
 
-    topic = new_topic(partitions=1)
+    prefix = f"avro{random.randrange(10**6)}"
+    names = [f"tab{i}" for i in range(6)]
     v2 = json.loads(VALUE_SCHEMA)
     v2["fields"][0]["type"][1]["fields"].append({"name": "color", "type": ["null", "string"], "default": None})
     v2_text = json.dumps(v2)
 
-    first, second = Source(), Source()
-    for i in range(1, 41):
-        first.upsert(i, i)
-    for i in (3, 4, 5):
-        first.delete(i, 40 + i)
-    second.table = dict(first.table)
-    for i in range(30, 61):
-        second.upsert(i, 100 + i, color=None if i % 7 == 0 else f"c{i}")
-    second.delete(31, 200)
-
-    def encode(schema: str, events: list[tuple[int, dict[str, Any] | None]]) -> list[tuple[bytes, bytes | None]]:
+    def encode(topic: str, table: str, schema: str,
+               events: list[tuple[int, dict[str, Any] | None]]) -> list[tuple[bytes, bytes | None]]:
+        docs = [{**d, "source": {**d["source"], "table": table}} for _, d in events if d is not None]
         keys = avro_values(schema_registry.url, topic, KEY_SCHEMA, [{"id": i} for i, _ in events], field="key")
-        values = iter(avro_values(schema_registry.url, topic, schema, [d for _, d in events if d is not None]))
+        values = iter(avro_values(schema_registry.url, topic, schema, docs))
         return [(k, None if d is None else next(values)) for k, (_, d) in zip(keys, events)]
 
-    produce(kafka_bootstrap, topic, encode(VALUE_SCHEMA, first.events))
-    produce(kafka_bootstrap, topic, encode(v2_text, second.events))
-    pipeline = {"name": PIPELINE, "topics": [topic], "group_id": group_id, "format": "avro", "key_format": "avro",
-                "envelope": "debezium", "commit_interval_ms": 200, "batch": {"max_rows": 25, "max_latency_ms": 100},
+    expected: dict[str, dict[int, dict[str, Any]]] = {}
+    for n, table in enumerate(names):
+        topic = f"{prefix}.public.{table}"
+        create_topic(kafka_bootstrap, topic, 2)
+        first, second = Source(), Source()
+        for i in range(1, 41):
+            first.upsert(i, i + n)
+        for i in (3, 4, 5):
+            first.delete(i, 40 + i)
+        produce(kafka_bootstrap, topic, encode(topic, table, VALUE_SCHEMA, first.events))
+        second.table = dict(first.table)
+        if n % 2 == 0:  # the even tables' topics get a second writer schema with a new field
+            for i in range(30, 61):
+                second.upsert(i, 100 + i, color=None if i % 7 == 0 else f"c{i}")
+            second.delete(31, 200)
+            produce(kafka_bootstrap, topic, encode(topic, table, v2_text, second.events))
+        expected[table] = second.table
+    pipeline = {"name": PIPELINE, "topics": [f"^{prefix}\\.public\\..+"], "group_id": group_id, "format": "avro",
+                "key_format": "avro", "envelope": "debezium", "lanes": 2, "commit_interval_ms": 200,
+                "batch": {"max_rows": 25, "max_latency_ms": 100},
                 "sink": {"kind": "postgres", "dsn": pg_dsn, "table": "{source.table}", "columns": "auto"},
                 "dlq": {"kind": "postgres", "dsn": pg_dsn}}
     config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
@@ -298,14 +308,16 @@ def test_debezium_avro_through_the_registry_creates_and_evolves_the_table(
                      log_dir=tmp_path)
     assert res.returncode == 0, res.stderr[-4000:]
     assert dlq_rows(pg_dsn) == []
-    assert table_columns(pg_dsn, "items") == {
-        "id": ("bigint", True), "name": ("text", False), "price": ("numeric(12,2)", False),
-        "updated_at": ("timestamp with time zone", False), "_ingest_stream": ("bigint", False),
-        "_ingest_offset": ("bigint", False), "color": ("text", False)}
-    expected = {i: (r["name"], r["price"], r["updated_at"], r.get("color")) for i, r in second.table.items()}
-    assert sink_rows(pg_dsn, "items", "id, name, price, updated_at, color") == expected
-    assert 31 not in expected and 3 not in expected and 60 in expected
-    assert_committed_at_log_end(kafka_bootstrap, group_id, topic)
+    for n, table in enumerate(names):
+        columns = {"id": ("bigint", True), "name": ("text", False), "price": ("numeric(12,2)", False),
+                   "updated_at": ("timestamp with time zone", False), "_ingest_stream": ("bigint", False),
+                   "_ingest_offset": ("bigint", False), **({"color": ("text", False)} if n % 2 == 0 else {})}
+        assert table_columns(pg_dsn, table) == columns, table
+        rows = {i: (r["name"], r["price"], r["updated_at"], r.get("color")) for i, r in expected[table].items()}
+        got = sink_rows(pg_dsn, table, "id, name, price, updated_at, " + ("color" if n % 2 == 0 else "NULL"))
+        assert got == rows, table
+        assert 3 not in rows and (n % 2 == 1 or (31 not in rows and 60 in rows))
+        assert_committed_at_log_end(kafka_bootstrap, group_id, f"{prefix}.public.{table}")
     res = run_ingest(["check", "--config", config], timeout_s=60, log_dir=tmp_path)
     assert res.returncode == 0 and "columns auto" in res.stdout, res.stdout + res.stderr
 
