@@ -52,7 +52,7 @@ from ingest.mirror.errors import SchemaIncompatible
 from ingest.mirror.shape import Shape, shape_from_avro, shape_from_connect, shape_from_json_schema, shape_from_protobuf
 from ingest.types import DeleteRow, Record
 
-__all__ = ["AutoMapper", "CARRIER_KEY", "RowShape", "ShapedValues", "carrier_columns"]
+__all__ = ["AutoMapper", "CARRIER_KEY", "RowShape", "ShapedValues", "carrier_columns", "carrier_values"]
 
 #: The carrier columns (see the module docstring); the sink adds its hidden source columns after them.
 CARRIER_KEY, CARRIER_SHAPE, CARRIER_VALUES = "_ingest_key", "_ingest_shape", "_ingest_values"
@@ -63,6 +63,14 @@ KEY_AT, SHAPE_AT, VALUES_AT, STREAM_AT, OFFSET_AT, VERSION_AT = 0, 1, 2, 3, 4, 5
 FORMATS = ("json", "avro", "json_schema", "protobuf")
 #: Shapes remembered per mapper (schemas seen); cleared when full.
 SHAPE_CACHE_SIZE = 1024
+
+
+def carrier_values(row: tuple[Any, ...]) -> dict[str, Any]:
+    """What a carrier writes, by column: an upsert's values, a delete's key (``ingest preview``)."""
+    shaped = row[VALUES_AT]
+    if shaped is not None:
+        return dict(zip(shaped.shape.names, shaped.values, strict=True))
+    return dict(zip(row[SHAPE_AT].shape.key, row[KEY_AT], strict=True))
 
 
 def carrier_columns() -> dict[str, dict[str, str]]:

@@ -171,3 +171,18 @@ def test_an_override_rekeys_and_retypes_the_tables_it_matches_only() -> None:
     with pytest.raises(InvalidRecord) as err:  # the key column must be a field of the value
         mapper_for(settings(sink={"tables": {"items": {"conflict_key": ["nope"]}}})).map(event("c", 1))
     assert err.value.error_class == "schema_incompatible"
+
+
+def test_preview_shows_the_columns_each_schema_gives_under_its_table() -> None:
+    from ingest.config import Settings
+    from ingest.preview import preview
+
+    p = settings(sink={"version": {"column": "lsn", "source": "@source.lsn"}})
+    again = Settings.model_validate({"pipelines": [p.model_dump(by_alias=True)]})  # settings survive a round trip
+    assert again.pipelines[0].auto_columns and again.pipelines[0].sink.version_column == "_ingest_version"
+    report = preview(again, p, [event("c", 1), event("d", 2, table="other"), event("c", 3, table="other")])
+    tables = report.as_dict()["tables"]
+    assert tables["items"] == [{"topic": "db.public.items", "partition": 0, "offset": 0,
+                                "row": {"id": 1, "name": "n", "price": __import__("decimal").Decimal("1.50")}}]
+    assert [e.get("delete") or e.get("row") for e in tables["other"]] == [
+        {"id": 2}, {"id": 3, "name": "n", "price": __import__("decimal").Decimal("1.50")}]

@@ -232,8 +232,8 @@ def auto_columns(data: Any) -> Any:
     records' key). ``version: {column, source, type}`` names one version column for every table: the
     carrier's last value (:data:`~ingest.mirror.auto.CARRIER_VERSION`), the sink's version column. Other
     settings pass unchanged."""
-    if not isinstance(data, dict):
-        return data
+    if not isinstance(data, dict) or (data.get("auto_columns") is True and data.get("columns") != "auto"):
+        return data  # not a sink's settings, or settings made here already (a dump validated again)
     if data.get("columns") != "auto":
         if data.get("conflict_key") == "auto":
             raise ValueError("conflict_key: auto goes with columns: auto (the key of a schema's table)")
