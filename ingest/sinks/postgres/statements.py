@@ -44,6 +44,13 @@ _COPY_TYPE: dict[str, str] = {
 }
 
 
+def stage_value(column: str, full_type: str, staged_as_text: bool) -> sql.Composable:
+    """The stage's (``s``) column ``column`` as the table's value: cast to ``full_type`` where it is
+    staged as text (json/jsonb, numeric read as text), else as it is."""
+    value = sql.SQL("s.{}").format(sql.Identifier(column))
+    return sql.SQL("{}::{}").format(value, sql.SQL(full_type)) if staged_as_text else value
+
+
 class UpsertStatements:
     """SQL for one target table, composed once."""
 
@@ -80,8 +87,7 @@ class UpsertStatements:
             staged = "text" if base in ("json", "jsonb", "varchar") or numeric_text else full
             stage_types.append(staged)
             self.copy_types.append(_COPY_TYPE.get(base, "text") if staged != "text" else "text")
-            cast = sql.SQL("::{}").format(sql.SQL(full)) if base in ("json", "jsonb") or numeric_text else sql.SQL("")
-            select_exprs.append(sql.SQL("{}{}").format(sql.Identifier(c), cast))
+            select_exprs.append(stage_value(c, full, base in ("json", "jsonb") or numeric_text))
             if numeric_text:
                 self.numeric_as_text += (i,)
         stage_columns = list(cfg.columns)
@@ -233,13 +239,17 @@ class DeleteStatements:
                                                                          image=ident(IMAGE_FLAG), km=key_match,
                                                                          live=live, ok=not_older)
             # A soft delete with its row's values (an upsert of the key came before it in the batch):
-            # the row is written as that upsert would have, marked deleted.
+            # the row is written as that upsert would have, marked deleted. Its values are the staged
+            # ones as the upsert reads them (json/jsonb are staged as text).
             cols = sql.SQL(", ").join(ident(c) for c in cfg.columns)
+            values = sql.SQL(", ").join(stage_value(c, full, base in ("json", "jsonb"))
+                                        for c, (base, full) in ((c, pg_base_type(spec.type))
+                                                                for c, spec in cfg.columns.items()))
             self.delete_with_image = sql.SQL(
-                "INSERT INTO {t} AS t ({cols}, {c}) SELECT {cols}, {m} FROM {stage} AS s WHERE s.{image} "
+                "INSERT INTO {t} AS t ({cols}, {c}) SELECT {values}, {m} FROM {stage} AS s WHERE s.{image} "
                 "AND NOT EXISTS (SELECT 1 FROM {tomb} d WHERE {dm} AND {newer}){conflict}").format(
-                t=target, cols=cols, c=col, m=mark, stage=stage, image=ident(IMAGE_FLAG), tomb=self.tombstones,
-                dm=d_match, newer=self._newer(cfg, "d", "s"),
+                t=target, cols=cols, values=values, c=col, m=mark, stage=stage, image=ident(IMAGE_FLAG),
+                tomb=self.tombstones, dm=d_match, newer=self._newer(cfg, "d", "s"),
                 conflict=UpsertStatements._conflict_clause(cfg, target, sql.SQL(", {c} = EXCLUDED.{c}").format(c=col)))
             #: ``ON CONFLICT DO UPDATE SET`` of the upsert gains ``soft = DEFAULT``: an upsert undeletes
             self.undelete = sql.SQL(", {c} = DEFAULT").format(c=col)
