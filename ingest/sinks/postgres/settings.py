@@ -116,6 +116,12 @@ class PostgresSinkSettings(SinkSettingsBase):
     #: ``copy``: COPY into a temp stage then INSERT .. SELECT .. ON CONFLICT (fastest);
     #: ``values``: multi-row INSERT .. VALUES (for poolers that forbid temp tables).
     write_method: Literal["copy", "values"] = "copy"
+    #: Guard the upsert's update with ``(t.cols) IS DISTINCT FROM (EXCLUDED.cols)`` over every column it
+    #: sets (the hidden source columns and a soft-delete column included): a row the update would leave
+    #: as it is -- the same record applied again, a replay after a crash -- is not rewritten (no new
+    #: row version, no dead tuple, no WAL, no ``UPDATE`` trigger). ``false`` rewrites it, for tables
+    #: whose ``ON UPDATE`` triggers must see every upsert.
+    skip_unchanged: bool = True
     #: at_least_once: idempotent upserts, Kafka commits; exactly_once: offsets stored in the
     #: same transaction as the rows (see ingest/sinks/postgres/exactly_once.py); needs the DLQ in this database.
     delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"

@@ -9,7 +9,8 @@ multi-row ``INSERT ... VALUES`` instead (for poolers that forbid temp tables).
 
 Idempotency: rows are deduplicated by conflict key *before* they get here
 (PostgreSQL refuses to update one row twice in one statement), and the upsert
-makes a replayed batch a no-op. With ``version_column`` an update applies only
+makes a replayed batch a no-op -- with ``skip_unchanged`` (the default) one that
+rewrites no row at all (no new row versions). With ``version_column`` an update applies only
 when the incoming version is not older than the stored one, so a stale
 writer (e.g. a lane finishing after its partition moved) cannot overwrite a
 newer value.
@@ -101,8 +102,6 @@ class PostgresSink:
         #: back exactly as sent: a key of a rounding type -- numeric(p,s), timestamptz(p) -- would not)
         self._source_index = ((names.index(STREAM_COLUMN), names.index(OFFSET_COLUMN))
                               if STREAM_COLUMN in names and OFFSET_COLUMN in names else None)
-        self._returning_sources = sql.SQL("{} RETURNING {}, {}").format(
-            self._sql.insert_from_stage, sql.Identifier(STREAM_COLUMN), sql.Identifier(OFFSET_COLUMN))
         self._expired_at = 0.0  # monotonic time of the last tombstone expiry
         self._pool_size = max(1, cfg.pool_size or pool_size)
         self._name = name
@@ -442,9 +441,11 @@ class PostgresSink:
                     cur.execute(upsert.insert_from_stage)
                     self.statements += 2
                     return
-                # Children follow only the parents the upsert applied (its guard may skip a late writer's):
+                # Children follow only the parents the upsert's ordering guard let through (it skips a late
+                # writer's), those it left unchanged included (statements.UpsertStatements._sources_of_applied):
                 # each collapsed row has its own record, so (stream, offset) names it exactly.
-                cur.execute(self._returning_sources)
+                assert upsert.applied_sources is not None, "explode tables track sources"
+                cur.execute(upsert.applied_sources)
                 applied = set(cur.fetchall())
                 stream_at, offset_at = self._source_index  # type: ignore[misc]
                 parents = [row for row in rows if (row[stream_at], row[offset_at]) in applied]
