@@ -48,6 +48,17 @@ def _config(tmp_path: Path, bootstrap: str, pg_dsn: str, group_id: str, topics: 
     return config
 
 
+def _registry_run(tmp_path: Path, bootstrap: str, registry_url: str, pipeline: dict[str, Any]) -> Path:
+    """Write a config of ``pipeline`` with a schema registry, migrate, run it until idle (exit 0)."""
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": bootstrap, "client": dict(TEST_CONSUMER_SETTINGS)},
+                                     "schema_registry": {"url": registry_url}, "pipelines": [pipeline]})
+    assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
+    res = run_ingest(["run", "--config", config, "--until-idle", "2", "--metrics-port", "0"], timeout_s=120,
+                     log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return config
+
+
 def sink_rows(dsn: str, table: str, columns: str = "id, name, price, qty, updated_at", where: str = "") -> dict[int, tuple]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(psycopg.sql.SQL("SELECT {} FROM {} {}").format(
@@ -300,13 +311,7 @@ def test_debezium_avro_through_the_registry_creates_and_evolves_six_tables(
                 "batch": {"max_rows": 25, "max_latency_ms": 100},
                 "sink": {"kind": "postgres", "dsn": pg_dsn, "table": "{source.table}", "columns": "auto"},
                 "dlq": {"kind": "postgres", "dsn": pg_dsn}}
-    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
-                                               "client": dict(TEST_CONSUMER_SETTINGS)},
-                                     "schema_registry": {"url": schema_registry.url}, "pipelines": [pipeline]})
-    assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
-    res = run_ingest(["run", "--config", config, "--until-idle", "2", "--metrics-port", "0"], timeout_s=120,
-                     log_dir=tmp_path)
-    assert res.returncode == 0, res.stderr[-4000:]
+    config = _registry_run(tmp_path, kafka_bootstrap, schema_registry.url, pipeline)
     assert dlq_rows(pg_dsn) == []
     for n, table in enumerate(names):
         columns = {"id": ("bigint", True), "name": ("text", False), "price": ("numeric(12,2)", False),
@@ -385,13 +390,7 @@ def test_debezium_json_schema_and_protobuf_through_the_registry_keyed_by_plain_j
                 "commit_interval_ms": 200, "batch": {"max_rows": 10, "max_latency_ms": 100},
                 "sink": {"kind": "postgres", "dsn": pg_dsn, "table": "{source.table}", "columns": "auto"},
                 "dlq": {"kind": "postgres", "dsn": pg_dsn}}
-    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
-                                               "client": dict(TEST_CONSUMER_SETTINGS)},
-                                     "schema_registry": {"url": schema_registry.url}, "pipelines": [pipeline]})
-    assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
-    res = run_ingest(["run", "--config", config, "--until-idle", "2", "--metrics-port", "0"], timeout_s=120,
-                     log_dir=tmp_path)
-    assert res.returncode == 0, res.stderr[-4000:]
+    config = _registry_run(tmp_path, kafka_bootstrap, schema_registry.url, pipeline)
     assert dlq_rows(pg_dsn) == []
     columns = table_columns(pg_dsn, "items")
     assert primary_key(pg_dsn, "items") == ["id"] and columns["id"] == ("bigint", True)
