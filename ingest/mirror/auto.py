@@ -46,6 +46,7 @@ from typing import Any
 import orjson
 
 from ingest.core.mapping.common import _Bad
+from ingest.cdc.debezium import _PAYLOAD_KEY, _SCHEMA_HEAD, SchemaParts
 from ingest.core.routing import stream_id
 from ingest.errors import IngestError, InvalidRecord, NoChange
 from ingest.mirror.errors import SchemaIncompatible
@@ -167,6 +168,8 @@ class AutoMapper:
         self._reserved = reserved_columns
         self._shapes: dict[Any, RowShape] = {}
         self._version = version
+        #: Connect JSON change events: each distinct schema part parsed once (ingest.cdc.debezium)
+        self._parts = SchemaParts(orjson.loads) if fmt == "json" and self._debezium and decoder is None else None
         self.router = router
         self._overrides = tuple(overrides)
         self._override_of: dict[str, tuple[str, Any] | None] = {}
@@ -200,29 +203,43 @@ class AutoMapper:
             if self.skips_tombstones:
                 raise NoChange("tombstone")
             raise InvalidRecord("decode", "tombstone", "record value is null (tombstone)")
-        doc = self._decode(record)
         key_doc, key_token = self._key(record)
-        if self._fmt == "json":
-            if type(doc) is not dict or set(doc) != {"schema", "payload"}:
-                raise InvalidRecord("map", "no_schema", "columns: auto needs the value's schema part "
-                                    "(Kafka Connect JSON with schemas.enable=true)")
-            schema: Any = doc["schema"]
-            cache_key: Any = (orjson.dumps(schema, option=orjson.OPT_SORT_KEYS), _hashable(key_token))
-            image: Any = doc["payload"]
+        change = self._parts.change(record.value) if self._parts is not None else None
+        if change is not None:  # a Connect JSON event whose schema part was seen: only the payload parsed
+            value = record.value
+            schema: Any = None  # read again below only for a shape not cached
+            cache_key: Any = (value[:value.find(_PAYLOAD_KEY)], _hashable(key_token))
+            image: Any = None
         else:
-            schema = _schema_ref(record, protobuf=self._fmt == "protobuf")
-            cache_key = (schema, _hashable(key_token))
-            image = doc
-        change = None
-        if self._debezium:
-            from ingest.cdc.debezium import unwrap  # the change event's images, values converted
+            doc = self._decode(record)
+            if self._fmt == "json":
+                if type(doc) is not dict or set(doc) != {"schema", "payload"}:
+                    raise InvalidRecord("map", "no_schema", "columns: auto needs the value's schema part "
+                                        "(Kafka Connect JSON with schemas.enable=true)")
+                schema = doc["schema"]  # keyed by its bytes as the fast path keys it, when they stand alone
+                cache_key = (_connect_head(record.value) or orjson.dumps(schema, option=orjson.OPT_SORT_KEYS),  # type: ignore[arg-type]
+                             _hashable(key_token))
+                if self._debezium:
+                    image = None
+                else:  # the struct's values converted by its schema (Connect Decimal, Date, ...) as keys are
+                    from ingest.cdc.debezium import unwrap_key
 
-            change = unwrap(doc)
-            if change.op == "t":
-                if self._truncate == "ignore":
-                    raise NoChange("truncate ignored")
-                raise InvalidRecord("map", "truncate", "a truncate event (op t) cannot be applied by key; "
-                                    "it is dead-lettered (truncate: dlq)")
+                    image = unwrap_key(doc)
+                if self._parts is not None:
+                    self._parts.remember(record.value, doc)  # type: ignore[arg-type]
+            else:
+                schema = _schema_ref(record, protobuf=self._fmt == "protobuf")
+                cache_key = (schema, _hashable(key_token))
+                image = doc
+            if self._debezium:
+                from ingest.cdc.debezium import unwrap  # the change event's images, values converted
+
+                change = unwrap(doc)
+        if change is not None and change.op == "t":
+            if self._truncate == "ignore":
+                raise NoChange("truncate ignored")
+            raise InvalidRecord("map", "truncate", "a truncate event (op t) cannot be applied by key; "
+                                "it is dead-lettered (truncate: dlq)")
         table = self.router.table(record, change.source if change is not None else None) \
             if self.router is not None else None
         override = self._override(table) if self._overrides and table is not None else None
@@ -230,6 +247,8 @@ class AutoMapper:
             cache_key = (*cache_key, override[0])
         shape = self._shapes.get(cache_key)
         if shape is None:
+            if schema is None:  # the fast path's schema part, with a key or override not seen with it yet
+                schema = orjson.loads(record.value)["schema"]  # type: ignore[arg-type]
             shape = self._shape(cache_key, schema, key_token, override[1] if override is not None else None)
         position = record.source_position
         stream, offset = stream_id(position[0], position[1]), position[2]
@@ -313,7 +332,8 @@ class AutoMapper:
         if type(doc) is dict and set(doc) == {"schema", "payload"}:
             from ingest.cdc.debezium import unwrap_key
 
-            return unwrap_key(doc), ("connect", doc["schema"])
+            head = _connect_head(record.key)  # the schema part's bytes: its cache key, when they stand alone
+            return unwrap_key(doc), ("connect", doc["schema"], head)
         if type(doc) is dict and doc:
             return doc, ("names", tuple(doc))
         return None, None
@@ -362,9 +382,25 @@ class AutoMapper:
 
 
 def _hashable(key_token: Any) -> Any:
+    """A key token as (part of) a shape's cache key: a Connect schema part by its bytes."""
     if key_token is not None and key_token[0] == "connect":
-        return ("connect", orjson.dumps(key_token[1], option=orjson.OPT_SORT_KEYS))
+        return ("connect", key_token[2] or orjson.dumps(key_token[1], option=orjson.OPT_SORT_KEYS))
     return key_token
+
+
+def _connect_head(data: bytes) -> bytes | None:
+    """The bytes of ``{"schema":...`` before ``,"payload":`` in a compact Connect JSON document, when they
+    are the whole schema part (checked by parsing them alone), else None."""
+    if not data.startswith(_SCHEMA_HEAD):
+        return None
+    cut = data.find(_PAYLOAD_KEY)
+    if cut <= 0:
+        return None
+    head = data[:cut]
+    try:
+        return head if type(orjson.loads(head + b"}")) is dict else None
+    except orjson.JSONDecodeError:
+        return None
 
 
 def _keyed_by(shape: Shape, names: tuple[str, ...]) -> Shape:

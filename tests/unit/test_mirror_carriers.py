@@ -186,3 +186,22 @@ def test_preview_shows_the_columns_each_schema_gives_under_its_table() -> None:
                                 "row": {"id": 1, "name": "n", "price": __import__("decimal").Decimal("1.50")}}]
     assert [e.get("delete") or e.get("row") for e in tables["other"]] == [
         {"id": 2}, {"id": 3, "name": "n", "price": __import__("decimal").Decimal("1.50")}]
+
+
+def test_plain_connect_json_values_are_converted_by_their_schema() -> None:
+    """Without an envelope, a Connect struct's Decimal (base64) and Date (days) are read by the schema."""
+    schema = {"type": "struct", "optional": False, "fields": [
+        {"field": "id", "type": "int64", "optional": False},
+        {"field": "price", "type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+         "parameters": {"scale": "2", "connect.decimal.precision": "12"}},
+        {"field": "day", "type": "int32", "optional": True, "name": "io.debezium.time.Date"}]}
+    import datetime
+    import json
+
+    p = PipelineSettings.model_validate({"name": "m", "topics": ["plain"], "sink": {
+        "kind": "postgres", "table": "plain", "columns": "auto"}})
+    key = json.dumps({"schema": {"type": "struct", "fields": [{"field": "id", "type": "int64", "optional": False}]},
+                      "payload": {"id": 5}}).encode()
+    value = json.dumps({"schema": schema, "payload": {"id": 5, "price": "AOE=", "day": 20000}}).encode()
+    row, _ = mapper_for(p).map(Record("plain", 0, 0, key, value, 0))
+    assert row[VALUES_AT].values == (5, __import__("decimal").Decimal("2.25"), datetime.date(2024, 10, 4))
