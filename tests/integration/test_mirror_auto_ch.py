@@ -212,3 +212,142 @@ def test_a_wider_timestamp_column_takes_coarser_values_and_a_keyless_table_appen
     finally:
         sink.close()
         chdb.close()
+
+
+# --------------------------------------------------------------------------- ingest run (chDB owned by the subprocess)
+
+
+def _config(tmp_path: Path, bootstrap: str, pg_dsn: str, group_id: str, topics: list[str], url: str,
+            **pipeline: Any) -> Path:
+    doc = {
+        "name": PIPELINE, "topics": topics, "topic_refresh_s": 2, "group_id": group_id, "envelope": "debezium",
+        "deletes": {"mode": "hard"}, "lanes": 2, "commit_interval_ms": 200, "shutdown_timeout_s": 10,
+        "batch": {"max_rows": 200, "max_latency_ms": 100},
+        "sink": {"kind": "clickhouse", "url": url, "database": DB, "table": "{source.table}", "columns": "auto"},
+        "dlq": {"kind": "postgres", "dsn": pg_dsn}, **pipeline,
+    }
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": bootstrap,
+                                               "client": dict(TEST_CONSUMER_SETTINGS)}, "pipelines": [doc]})
+    res = run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return config
+
+
+def _at_log_end(bootstrap: str, group_id: str, topics: list[str]) -> bool:
+    for topic in topics:
+        ends = log_end_offsets(bootstrap, topic)
+        committed = committed_offsets(bootstrap, group_id, topic)
+        if any(committed.get(p, -1) < end for p, end in ends.items() if end > 0):
+            return False
+    return True
+
+
+def _naive(ts: datetime | None) -> datetime | None:
+    return ts.astimezone(timezone.utc).replace(tzinfo=None) if ts is not None and ts.tzinfo else ts
+
+
+def test_six_tables_and_a_late_one_over_a_pattern_equal_their_sources_with_final(
+        kafka_bootstrap, pg_dsn, group_id, chdb, tmp_path: Path) -> None:
+    rng = random.Random("auto-ch")
+    prefix = f"ach{rng.randrange(10**6)}"
+    sources = [SourceTable(rng.randrange(2**32), keys=80, partitions=2, table=name, delete_frac=0.15,
+                           snapshot_keys=20) for name in TABLES]
+    late = SourceTable(rng.randrange(2**32), keys=40, partitions=2, table="late arrival", delete_frac=0.1)
+    topics = [f"{prefix}.public.t{i}" for i in range(len(TABLES) + 1)]
+    for topic in topics:
+        create_topic(kafka_bootstrap, topic, 2)
+    for topic, source in zip(topics, sources):
+        produce_stream(kafka_bootstrap, topic, source.events(300))
+    url = chdb.url
+    chdb.close()  # the ingest subprocess owns the chDB path while it runs
+    config = _config(tmp_path, kafka_bootstrap, pg_dsn, group_id, [f"^{prefix}\\.public\\.t[0-9]+$"], url)
+
+    proc = start_ingest(["run", "--config", config, "--metrics-port", "0"], log_dir=tmp_path)
+    try:
+        wait_assigned(proc, timeout_s=90)
+        wait_until(lambda: sum(committed_offsets(kafka_bootstrap, group_id, topics[0]).values()) > 0, 60,
+                   what="the first batches committed", proc=proc)
+        produce_stream(kafka_bootstrap, topics[-1], late.events(200))  # a table appears mid-run
+        for topic, source in zip(topics, sources):
+            produce_stream(kafka_bootstrap, topic, source.events(200))
+        wait_until(lambda: _at_log_end(kafka_bootstrap, group_id, topics), 120, interval_s=1.0,
+                   what="every topic, the late one too, committed to its end", proc=proc)
+    finally:
+        proc.terminate()
+    assert proc.wait(60) == 0, proc.describe()
+
+    client = chdb.client()
+    try:
+        for source in [*sources, late]:
+            name = source.table.replace(".", "_")
+            got = live(client, name, "id, name, price, qty, updated_at")
+            want = {i: (r.name, r.price, r.qty, _naive(r.updated_at)) for i, r in source.rows.items()}
+            assert {i: (*v[:3], _naive(v[3])) for i, v in got.items()} == want, name
+            # deleted keys were written (their rows or delete markers are in the parts) and FINAL hides them
+            seen = {r[0] for r in client.query(f"SELECT DISTINCT id FROM `{DB}`.`{name.replace('`', '')}`").result_rows}
+            assert source.deleted and source.deleted <= seen and not source.deleted & set(got), name
+        assert ch_columns(client, "customers") == {
+            "id": "Int64", "name": "Nullable(String)", "price": "Nullable(Decimal(12, 2))", "qty": "Nullable(Int32)",
+            "updated_at": "Nullable(DateTime64(6))", "_version": "UInt64", "_ingest_deleted": "UInt8"}
+        assert engine(client, "late arrival")[0].startswith("ReplacingMergeTree(_version, _ingest_deleted)")
+    finally:
+        chdb.close()
+    assert dlq_rows(pg_dsn) == []
+    for topic in topics:
+        assert_committed_at_log_end(kafka_bootstrap, group_id, topic)
+
+
+def test_a_column_added_mid_stream_and_an_incompatible_change_quarantined_then_replayed(
+        kafka_bootstrap, pg_dsn, group_id, chdb, tmp_path: Path) -> None:
+    prefix = f"ache{random.randrange(10**6)}"
+    evo_topic, other_topic = f"{prefix}.public.evo", f"{prefix}.public.other"
+    for topic in (evo_topic, other_topic):
+        create_topic(kafka_bootstrap, topic, 1)
+    evo, other = Evolving("evo"), Evolving("other")
+    produce(kafka_bootstrap, evo_topic, evo.upserts(V1, range(0, 50), lambda i: {"label": f"v1-{i}", "qty": i}))
+    produce(kafka_bootstrap, other_topic, other.upserts(V1, range(0, 30), lambda i: {"label": f"o-{i}", "qty": i}))
+    # a field appears mid-stream: its column is added before the first row that carries it
+    produce(kafka_bootstrap, evo_topic, evo.upserts(V2, range(40, 80), lambda i: {"label": f"v2-{i}", "qty": -i,
+                                                                                  "note": f"n{i}"}))
+    # a field disappears: its column stays, NULL in the new rows
+    produce(kafka_bootstrap, evo_topic, evo.upserts(V3, range(70, 90), lambda i: {"label": f"v3-{i}", "note": "x"}))
+    produce(kafka_bootstrap, evo_topic, evo.deletes(V3, [0, 1, 2]))
+    # qty becomes text: the Int32 column cannot take it -- quarantined; the other table keeps flowing
+    produce(kafka_bootstrap, evo_topic, evo.upserts(V4, range(100, 110), lambda i: {"label": f"v4-{i}",
+                                                                                    "qty": f"q{i}", "note": None}))
+    produce(kafka_bootstrap, other_topic, other.upserts(V1, range(30, 60), lambda i: {"label": f"o-{i}", "qty": i}))
+    url = chdb.url
+    chdb.close()
+    config = _config(tmp_path, kafka_bootstrap, pg_dsn, group_id, [f"^{prefix}\\.public\\..*"], url,
+                     batch={"max_rows": 25, "max_latency_ms": 100})
+    res = run_ingest(["run", "--config", config, "--until-idle", "3", "--metrics-port", "0"], timeout_s=180,
+                     log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    dlq = dlq_rows(pg_dsn)
+    assert len(dlq) == 10 and {d["error_class"] for d in dlq} == {"schema_incompatible"}, dlq
+    assert all("qty" in d["error_message"] for d in dlq), dlq[0]["error_message"]
+    assert_committed_at_log_end(kafka_bootstrap, group_id, evo_topic)
+    assert_committed_at_log_end(kafka_bootstrap, group_id, other_topic)
+
+    client = chdb.client()
+    try:
+        assert ch_columns(client, "evo") == {"id": "Int64", "label": "Nullable(String)", "qty": "Nullable(Int32)",
+                                             "_version": "UInt64", "_ingest_deleted": "UInt8",
+                                             "note": "Nullable(String)"}
+        expected = {i: (r["label"], r.get("qty"), r.get("note")) for i, r in evo.rows.items() if i < 100}
+        assert live(client, "evo") == expected
+        assert live(client, "other", "id, label, qty") == {i: (r["label"], r["qty"]) for i, r in other.rows.items()}
+        # the operator makes the table take the new schema
+        client.command(f"ALTER TABLE `{DB}`.evo MODIFY COLUMN qty Nullable(String)")
+    finally:
+        chdb.close()
+    res = run_ingest(["replay-dlq", "--config", config, "--pipeline", PIPELINE, "--error-class",
+                      "schema_incompatible"], timeout_s=120, log_dir=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    client = chdb.client()
+    try:
+        expected = {i: (r["label"], None if r.get("qty") is None else str(r["qty"]), r.get("note"))
+                    for i, r in evo.rows.items()}
+        assert live(client, "evo") == expected
+    finally:
+        chdb.close()
