@@ -351,3 +351,68 @@ def test_a_column_added_mid_stream_and_an_incompatible_change_quarantined_then_r
         assert live(client, "evo") == expected
     finally:
         chdb.close()
+    res = run_ingest(["check", "--config", config], timeout_s=60, log_dir=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "columns auto" in res.stdout and f"tables {DB}." in res.stdout, res.stdout
+
+
+# --------------------------------------------------------------------------- a real server (HTTP)
+
+
+def _struct(fields: dict[str, tuple[str, bool]], payload: dict[str, Any]) -> bytes:
+    """A Kafka Connect JSON value with its schema part (``schemas.enable=true``): ``fields`` name → (type, optional)."""
+    import orjson
+
+    schema = {"type": "struct", "optional": False,
+              "fields": [{"field": n, "type": t, "optional": o} for n, (t, o) in fields.items()]}
+    return orjson.dumps({"schema": schema, "payload": payload})
+
+
+def test_the_sink_creates_and_evolves_tables_on_a_real_server_over_http(clickhouse_url) -> None:
+    """The HTTP path against the server the harness starts (18.16 here, through the test-only shim: no
+    deletes engine, so plain Connect structs without an envelope; Native inserts, no token): a table
+    from its first batch's schema, a column added by a second schema, a table without a key, FINAL."""
+    from ingest.sinks.clickhouse.sink import quote_str
+    from ingest.types import Record
+
+    db = f"auto_{int(time.time() * 1000) % 10**9}"
+    p = PipelineSettings.model_validate({
+        "name": PIPELINE, "topics": ["^rs\\.(?P<t>[a-z]+)$"],
+        "sink": {"kind": "clickhouse", **sink_conn(clickhouse_url), "compression": "gzip", "database": db,
+                 "table": "{t}", "columns": "auto"},
+        "dlq": {"kind": "postgres", "dsn": "postgresql://x@127.0.0.1/x"}})
+    assert not p.has_deletes
+    sink = ClickHouseSink(p.sink, pipeline=p.name, client_factory=lambda: http_client(clickhouse_url),
+                          deletes=False)
+    mapper = mapper_for(p)
+    key = _struct({"id": ("int64", False)}, {"id": 0})
+    v1 = {"id": ("int64", False), "label": ("string", True), "amount": ("float64", True)}
+    v2 = {**v1, "note": ("string", True)}
+
+    def rows(topic: str, fields: dict[str, tuple[str, bool]], docs: list[dict[str, Any]], offset: int,
+             keyed: bool = True) -> list[tuple[Any, ...]]:
+        return [mapper.map(Record(topic, 0, offset + n, key.replace(b'"id":0', b'"id":%d' % d["id"]) if keyed else None,
+                                  _struct(fields, d), 0))[0] for n, d in enumerate(docs)]
+
+    admin = http_client(clickhouse_url)
+    try:
+        sink.write(rows("rs.items", v1, [{"id": i, "label": f"a{i}", "amount": i / 2} for i in range(10)], 0))
+        sink.write(rows("rs.items", v2, [{"id": i, "label": f"b{i}", "amount": None, "note": f"n{i}"}
+                                         for i in range(5, 15)], 10)
+                   + rows("rs.logs", v1, [{"id": 1, "label": "x", "amount": 1.0}] * 2, 0, keyed=False))
+        where = f"database = {quote_str(db)} AND table = 'items'"
+        columns = dict(admin.query(f"SELECT name, type FROM system.columns WHERE {where}").result_rows)
+        assert columns == {"id": "Int64", "label": "Nullable(String)", "amount": "Nullable(Float64)",
+                           "_version": "UInt64", "note": "Nullable(String)"}
+        engine_full = admin.query(f"SELECT engine_full FROM system.tables WHERE database = {quote_str(db)} "
+                                  "AND name = 'items'").result_rows[0][0]
+        assert engine_full.startswith("ReplacingMergeTree(_version)") and "ORDER BY id" in engine_full, engine_full
+        got = {r[0]: r[1:] for r in admin.query(f"SELECT id, label, amount, note FROM `{db}`.items FINAL").result_rows}
+        assert got == {**{i: (f"a{i}", i / 2, None) for i in range(5)},
+                       **{i: (f"b{i}", None, f"n{i}") for i in range(5, 15)}}
+        assert admin.query(f"SELECT count() FROM `{db}`.logs").result_rows[0][0] == 2
+        assert sink.inserts == 3 and sink.arrow_inserts == 0 or not needs_shim(clickhouse_url)
+    finally:
+        sink.close()
+        admin.command(f"DROP DATABASE IF EXISTS `{db}`")
+        admin.close()
