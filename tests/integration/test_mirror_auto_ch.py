@@ -48,8 +48,8 @@ def _settings(url: str, *, deletes: bool = True, dsn: str = "postgresql://x@127.
     return PipelineSettings.model_validate({
         "name": PIPELINE, "topics": ["^db\\.public\\..*"], "envelope": "debezium",
         **({"deletes": {"mode": "hard"}} if deletes else {}),
-        "sink": {"kind": "clickhouse", "url": url, "database": DB, "table": "{source.table}", "columns": "auto",
-                 **sink},
+        "sink": {"kind": "clickhouse", "url": url, "table": "{source.table}", "columns": "auto",
+                 **{"database": DB, **sink}},
         "dlq": {"kind": "postgres", "dsn": dsn}})
 
 
@@ -412,6 +412,33 @@ def test_the_sink_creates_and_evolves_tables_on_a_real_server_over_http(clickhou
                        **{i: (f"b{i}", None, f"n{i}") for i in range(5, 15)}}
         assert admin.query(f"SELECT count() FROM `{db}`.logs").result_rows[0][0] == 2
         assert sink.inserts == 3 and sink.arrow_inserts == 0 or not needs_shim(clickhouse_url)
+    finally:
+        sink.close()
+        admin.command(f"DROP DATABASE IF EXISTS `{db}`")
+        admin.close()
+
+
+def test_a_create_the_server_refuses_stops_the_pipeline_instead_of_dead_lettering_rows(clickhouse_url) -> None:
+    """A DDL the server refuses is not the rows' fault: the write raises UnclassifiedError (the pipeline
+    stops naming it, nothing committed), never PermanentError (which would dead-letter good rows). Here:
+    a server too old for ``ReplacingMergeTree(version, is_deleted)`` (18.16 < 23.2) asked for a table with deletes."""
+    from harness.clickhouse import server_version
+
+    from ingest.errors import UnclassifiedError
+
+    if server_version(clickhouse_url)[:2] >= (23, 2):
+        pytest.skip("this server has the deletes engine: the CREATE is not refused")
+    db = f"auto_{int(time.time() * 1000) % 10**9}"
+    p = _settings(sink_conn(clickhouse_url)["url"], user=sink_conn(clickhouse_url)["user"],
+                  password=sink_conn(clickhouse_url)["password"], compression="gzip", database=db)
+    assert p.has_deletes
+    sink = ClickHouseSink(p.sink, pipeline=p.name, client_factory=lambda: http_client(clickhouse_url), deletes=True)
+    feed = Feed(p)
+    admin = http_client(clickhouse_url)
+    try:
+        with pytest.raises(UnclassifiedError) as err:
+            sink.write(feed.rows(Evolving("evo").upserts(V1, range(3), lambda i: {"label": "a", "qty": i}), "evo"))
+        assert "evo" in str(err.value) and "refused" in str(err.value)
     finally:
         sink.close()
         admin.command(f"DROP DATABASE IF EXISTS `{db}`")

@@ -62,9 +62,11 @@ from ingest.core.dialects import ch_type
 from ingest.core.mapping.columnar import StagedColumn
 from ingest.errors import (
     IngestError,
+    MigrationError,
     PermanentError,
     ServiceUnreachable,
     TransientError,
+    UnclassifiedError,
 )
 from ingest.sinks.base import InTransaction
 from ingest.sinks.clickhouse.arrow import ArrowEncoder, ColumnarConverter
@@ -380,14 +382,18 @@ class ClickHouseSink:
         """``columns: auto`` (:mod:`.auto`): every table of the batch made to take its schemas first (a
         table that cannot: PermanentError ``schema_incompatible`` before any insert), then each table's
         rows in one insert (its token the batch's, extended by the table). A table altered behind ingest's
-        back is forgotten and the batch's retry repairs it (TransientError ``table_changed``)."""
+        back is forgotten and the batch's retry repairs it (TransientError ``table_changed``). A DDL
+        the server refuses raises UnclassifiedError: the pipeline stops, naming it, and no row is dead-lettered."""
         auto = self._auto
         assert auto is not None
         by_table: dict[str, list[tuple[Any, ...]]] = {}
         for row in rows:
             by_table.setdefault(table_of(row), []).append(row)
-        tables = auto.prepare(client, rows, window=self._cfg.deduplication_window if self._token_supported else None,
-                              call_lock=self._call_lock)
+        try:
+            tables = auto.prepare(client, rows, call_lock=self._call_lock,
+                                  window=self._cfg.deduplication_window if self._token_supported else None)
+        except (MigrationError, ValueError) as exc:  # the server refused the DDL: not the rows' fault
+            raise UnclassifiedError(f"columns: auto: {exc}") from exc
         for name, carriers in by_table.items():
             t = tables[name]
             data = auto.insert_data(t, carriers)
@@ -552,7 +558,7 @@ class ClickHouseSink:
         """Every error inside as TransientError / PermanentError (:func:`~ingest.sinks.clickhouse.errors.classify`)."""
         try:
             yield
-        except (TransientError, PermanentError):
+        except (TransientError, PermanentError, UnclassifiedError):
             raise
         except Exception as exc:  # noqa: BLE001 - every driver/transport error is classified
             raise classify(exc) from exc
