@@ -13,7 +13,6 @@ from __future__ import annotations
 import random
 import time
 from datetime import datetime, timezone
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 

@@ -23,8 +23,7 @@ from ingest.mirror.auto import KEY_AT, SHAPE_AT, VALUES_AT
 from ingest.mirror.ddl import ClickHouseTable
 from ingest.mirror.router import table_of
 from ingest.mirror.shape import Column, Shape, union
-from ingest.sinks.clickhouse.auto import _table, rescaler
-from ingest.sinks.clickhouse.auto import ClickHouseAutoTables
+from ingest.sinks.clickhouse.auto import ClickHouseAutoTables, _filler, _table, rescaler
 from ingest.types import DeleteRow, Item, Record
 
 FIELDS = (Field("id", "int64", optional=False), Field("name", "string"), Field("price", "decimal(12,2)"),
@@ -178,6 +177,5 @@ def test_a_column_that_cannot_hold_null_gets_its_zero_and_an_array_its_empty_lis
     assert got["at"] == [1_700_000_000_123, 0]
     arr = _table("a", _shape(Column("id", "Int64", False), Column("tags", "Array(String)", False, "[]")),
                  ClickHouseTable("a"))
-    from ingest.sinks.clickhouse.auto import _filler
     assert _filler(arr.shape.columns[1], arr.types["tags"]) == []
     assert datetime.fromtimestamp(got["at"][0] / 1000, timezone.utc).year == 2023
