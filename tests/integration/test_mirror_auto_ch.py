@@ -438,3 +438,64 @@ def test_a_create_the_server_refuses_stops_the_pipeline_instead_of_dead_letterin
         sink.close()
         admin.command(f"DROP DATABASE IF EXISTS `{db}`")
         admin.close()
+
+
+def test_debezium_avro_through_the_registry_creates_and_evolves_the_clickhouse_table(
+        kafka_bootstrap, pg_dsn, new_topic, group_id, schema_registry, chdb, tmp_path: Path) -> None:
+    """Debezium's Avro converter into ClickHouse: the table from the ``after`` record of the writer schema,
+    ordered by the key schema's fields; a second writer schema mid-stream adds its column; deletes apply."""
+    import json
+
+    from harness.serde import avro_values
+    from integration.test_cdc_formats import KEY_SCHEMA, VALUE_SCHEMA, Source
+
+    topic = new_topic(partitions=1)
+    v2 = json.loads(VALUE_SCHEMA)
+    v2["fields"][0]["type"][1]["fields"].append({"name": "color", "type": ["null", "string"], "default": None})
+    first, second = Source(), Source()
+    for i in range(1, 41):
+        first.upsert(i, i)
+    for i in (3, 4, 5):
+        first.delete(i, 40 + i)
+    second.table = dict(first.table)
+    for i in range(30, 61):
+        second.upsert(i, 100 + i, color=None if i % 7 == 0 else f"c{i}")
+    second.delete(31, 200)
+
+    def encode(schema: str, events: list[tuple[int, dict[str, Any] | None]]) -> list[tuple[bytes, bytes | None]]:
+        keys = avro_values(schema_registry.url, topic, KEY_SCHEMA, [{"id": i} for i, _ in events], field="key")
+        values = iter(avro_values(schema_registry.url, topic, schema, [d for _, d in events if d is not None]))
+        return [(k, None if d is None else next(values)) for k, (_, d) in zip(keys, events)]
+
+    produce(kafka_bootstrap, topic, encode(VALUE_SCHEMA, first.events))
+    produce(kafka_bootstrap, topic, encode(json.dumps(v2), second.events))
+    url = chdb.url
+    chdb.close()
+    pipeline = {"name": PIPELINE, "topics": [topic], "group_id": group_id, "format": "avro", "key_format": "avro",
+                "envelope": "debezium", "deletes": {"mode": "hard"}, "commit_interval_ms": 200,
+                "batch": {"max_rows": 25, "max_latency_ms": 100},
+                "sink": {"kind": "clickhouse", "url": url, "database": DB, "table": "{source.table}",
+                         "columns": "auto"},
+                "dlq": {"kind": "postgres", "dsn": pg_dsn}}
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                               "client": dict(TEST_CONSUMER_SETTINGS)},
+                                     "schema_registry": {"url": schema_registry.url}, "pipelines": [pipeline]})
+    assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
+    res = run_ingest(["run", "--config", config, "--until-idle", "2", "--metrics-port", "0"], timeout_s=120,
+                     log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert dlq_rows(pg_dsn) == []
+    assert_committed_at_log_end(kafka_bootstrap, group_id, topic)
+    client = chdb.client()
+    try:
+        assert ch_columns(client, "items") == {
+            "id": "Int64", "name": "Nullable(String)", "price": "Nullable(Decimal(12, 2))",
+            "updated_at": "Nullable(DateTime64(6))", "_version": "UInt64", "_ingest_deleted": "UInt8",
+            "color": "Nullable(String)"}
+        got = live(client, "items", "id, name, price, updated_at, color")
+        expected = {i: (r["name"], r["price"], _naive(r["updated_at"]), r.get("color"))
+                    for i, r in second.table.items()}
+        assert {i: (v[0], v[1], _naive(v[2]), v[3]) for i, v in got.items()} == expected
+        assert 31 not in got and 3 not in got and 60 in got
+    finally:
+        chdb.close()
