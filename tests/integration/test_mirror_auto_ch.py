@@ -499,3 +499,52 @@ def test_debezium_avro_through_the_registry_creates_and_evolves_the_clickhouse_t
         assert 31 not in got and 3 not in got and 60 in got
     finally:
         chdb.close()
+
+
+@pytest.mark.parametrize("fmt", ["json_schema", "protobuf"])
+def test_debezium_json_schema_and_protobuf_through_the_registry_into_clickhouse(
+        fmt, kafka_bootstrap, pg_dsn, new_topic, group_id, schema_registry, chdb, tmp_path: Path) -> None:
+    """The registry's JSON Schema / Protobuf change events keyed by plain JSON keys (``{"id": 1}``) into
+    ClickHouse: ordered by the key's fields typed by the value's schema; deletes hidden by FINAL."""
+    from integration.test_cdc_formats import ENCODERS, Source
+
+    topic = new_topic(partitions=1)
+    source = Source()
+    for i in range(1, 31):
+        source.upsert(i, i, name=None if i % 9 == 0 else f"n{i}")
+    for i in (2, 4, 6):
+        source.upsert(i, 100 + i, op="u")
+    for i in (5, 7):
+        source.delete(i, 200 + i)
+    produce(kafka_bootstrap, topic, ENCODERS[fmt](schema_registry.url, topic, source.events))
+    url = chdb.url
+    chdb.close()
+    pipeline = {"name": PIPELINE, "topics": [topic], "group_id": group_id, "format": fmt, "envelope": "debezium",
+                "deletes": {"mode": "hard"}, "commit_interval_ms": 200, "batch": {"max_rows": 10, "max_latency_ms": 100},
+                "sink": {"kind": "clickhouse", "url": url, "database": DB, "table": "{source.table}", "columns": "auto"},
+                "dlq": {"kind": "postgres", "dsn": pg_dsn}}
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                               "client": dict(TEST_CONSUMER_SETTINGS)},
+                                     "schema_registry": {"url": schema_registry.url}, "pipelines": [pipeline]})
+    assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
+    res = run_ingest(["run", "--config", config, "--until-idle", "2", "--metrics-port", "0"], timeout_s=120,
+                     log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert dlq_rows(pg_dsn) == []
+    assert_committed_at_log_end(kafka_bootstrap, group_id, topic)
+    client = chdb.client()
+    try:
+        columns = ch_columns(client, "items")
+        assert columns["id"] == "Int64" and engine(client, "items")[1].strip("()") == "id"
+        assert columns["price"] == "Nullable(String)"  # both encode the decimal as its exact text
+        got = live(client, "items", "id, name, price, updated_at")
+        if fmt == "protobuf":  # a google.protobuf.Timestamp
+            assert columns["updated_at"] == "Nullable(DateTime64(6))"
+            got = {i: (*v[:2], _naive(v[2])) for i, v in got.items()}
+            expected = {i: (r["name"], str(r["price"]), _naive(r["updated_at"])) for i, r in source.table.items()}
+        else:  # ISO 8601 text, as the envelope's schema says: a string
+            assert columns["updated_at"] == "Nullable(String)"
+            expected = {i: (r["name"], str(r["price"]), r["updated_at"].isoformat()) for i, r in source.table.items()}
+        assert got == expected and 5 not in got
+    finally:
+        chdb.close()

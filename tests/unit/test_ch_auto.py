@@ -69,6 +69,7 @@ def test_columns_auto_in_clickhouse_becomes_the_carrier_columns_ordered_by_the_k
     ({"conflict_key": ["id"]}, "conflict_key: auto"),
     ({"version_column": "lsn"}, "version_column: not supported with columns: auto"),
     ({"cluster": "c1"}, "cluster: not supported with columns: auto"),
+    ({"version": {"column": "lsn", "source": "@source.lsn"}}, "version: not supported with columns: auto"),
     ({"evolve": "sometimes"}, "evolve"),
 ])
 def test_clickhouse_columns_auto_cannot_take_say_why(sink: dict[str, Any], says: str) -> None:

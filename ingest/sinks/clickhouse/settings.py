@@ -191,8 +191,8 @@ def auto_columns(data: Any) -> Any:
     ClickHouse types, ``order_by`` the carrier's key and ``version_column`` its offset (so a batch
     collapses each key to its last record, as the table's hidden ``_version`` -- the offset -- keeps it),
     and ``auto_columns: true``. ``order_by`` / ``conflict_key`` may be ``auto`` or left out (each table
-    is ordered by its records' key); ``version_column`` and ``cluster`` are refused (not supported with
-    ``columns: auto`` yet). Other settings pass unchanged."""
+    is ordered by its records' key); ``version_column``, ``version`` and ``cluster`` are refused (not
+    supported with ``columns: auto`` yet). Other settings pass unchanged."""
     if not isinstance(data, dict):
         return data
     if data.get("columns") != "auto":
@@ -207,7 +207,7 @@ def auto_columns(data: Any) -> Any:
         if out.pop(name, "auto") not in ("auto", None):
             raise ValueError(f"columns: auto orders each table by its records' key: set {name}: auto "
                              "(or leave it out)")
-    for name in ("version_column", "cluster"):
+    for name in ("version_column", "version", "cluster"):
         if out.get(name) is not None:
             raise ValueError(f"{name}: not supported with columns: auto yet (each table is versioned by the "
                              "Kafka offset, in the hidden _version column)")
