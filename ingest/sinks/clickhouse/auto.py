@@ -207,31 +207,32 @@ class ClickHouseAutoTables:
             if shaped is not None:
                 written.update(shaped.shape.names)
         chosen = [i for i, c in enumerate(shape.columns) if c.name in written and c.name in t.types]
-        columns: list[list[Any]] = [[] for _ in chosen]
-        fillers = [_filler(shape.columns[i], t.types[shape.columns[i].name]) for i in chosen]
-        key_at = {name: k for k, name in enumerate(shape.key)}
-        for carrier in carriers:
-            shaped = carrier[VALUES_AT]
-            deleted = isinstance(carrier, DeleteRow)
-            row_plan = t.plan_for(shaped.shape) if shaped is not None else None
-            for out, i, filler in zip(columns, chosen, fillers, strict=True):
-                name = shape.columns[i].name
-                if name == CH_DEFAULT_VERSION_COLUMN and shape.key:
-                    out.append(carrier[OFFSET_AT])
-                elif name == DELETED_COLUMN and self._deletes:
-                    out.append(1 if deleted else 0)
-                elif row_plan is None:  # a delete: its key, zero values elsewhere
-                    k = key_at.get(name)
-                    out.append(carrier[KEY_AT][k] if k is not None else filler)
-                else:
-                    at, convert = row_plan[i]
-                    value = shaped.values[at] if at >= 0 else None
-                    if value is None:
-                        out.append(filler)
-                    else:
-                        out.append(convert(value) if convert is not None else value)
+        plans = [None if carrier[VALUES_AT] is None else t.plan_for(carrier[VALUES_AT].shape) for carrier in carriers]
         return InsertData(tuple(shape.columns[i].name for i in chosen),
-                          tuple(t.types[shape.columns[i].name] for i in chosen), columns)
+                          tuple(t.types[shape.columns[i].name] for i in chosen),
+                          [self._column(t, i, carriers, plans) for i in chosen])
+
+    def _column(self, t: AutoTable, i: int, carriers: Sequence[tuple[Any, ...]],
+                plans: Sequence[tuple[tuple[int, Convert], ...] | None]) -> list[Any]:
+        """Column ``i`` of ``t`` for ``carriers`` (``plans``: each carrier's :meth:`AutoTable.plan_for`,
+        None for a delete)."""
+        shape = t.shape
+        c = shape.columns[i]
+        if c.name == CH_DEFAULT_VERSION_COLUMN and shape.key:
+            return [carrier[OFFSET_AT] for carrier in carriers]
+        if c.name == DELETED_COLUMN and self._deletes:
+            return [1 if isinstance(carrier, DeleteRow) else 0 for carrier in carriers]
+        filler = _filler(c, t.types[c.name])
+        key = shape.key.index(c.name) if c.name in shape.key else None
+        out: list[Any] = []
+        for carrier, row_plan in zip(carriers, plans, strict=True):
+            if row_plan is None:  # a delete: its key, zero values elsewhere
+                out.append(carrier[KEY_AT][key] if key is not None else filler)
+                continue
+            at, convert = row_plan[i]
+            value = carrier[VALUES_AT].values[at] if at >= 0 else None
+            out.append(filler if value is None else value if convert is None else convert(value))
+        return out
 
 
 def _filler(c: Column, t: ChType) -> Any:
