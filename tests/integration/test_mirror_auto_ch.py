@@ -183,6 +183,37 @@ def test_the_sink_creates_evolves_refuses_and_repairs_tables_batch_by_batch(chdb
         chdb.close()
 
 
+def test_an_incompatible_table_refuses_the_isolated_pieces_at_once_and_sees_a_fix_by_hand(chdb, monkeypatch) -> None:
+    """After a batch was refused, the pieces isolation splits it into are refused from the table's shape as
+    last read (no catalog query) for RECHECK_S; after that the table is read again, so a fix by hand is seen."""
+    import ingest.sinks.clickhouse.auto as auto
+
+    p = _settings(chdb.url)
+    sink = BACKEND.build(p, lanes=1)
+    feed = Feed(p)
+    evo = Evolving("evo")
+    try:
+        sink.write(feed.rows(evo.upserts(V1, range(0, 5), lambda i: {"label": "a", "qty": i}), "evo"))
+        bad = feed.rows(evo.upserts(V4, range(10, 12), lambda i: {"label": "b", "qty": f"q{i}", "note": None}), "evo")
+        with pytest.raises(PermanentError):
+            sink.write(bad)
+        client = sink.client()
+        queries: list[str] = []
+        real_query = client.query
+        monkeypatch.setattr(client, "query", lambda q, *a, **k: (queries.append(q), real_query(q, *a, **k))[1])
+        with pytest.raises(PermanentError) as err:
+            sink.write(bad[:1])
+        assert err.value.error_class == "schema_incompatible" and queries == []
+        with sink._call_lock():
+            client.command("ALTER TABLE mirror.evo MODIFY COLUMN qty Nullable(String)")
+        monkeypatch.setattr(auto, "RECHECK_S", 0.0)
+        sink.write(bad)  # read again: the table takes the schema now
+        assert queries and live(client, "evo")[10] == ("b", "q10", None)
+    finally:
+        sink.close()
+        chdb.close()
+
+
 def test_a_wider_timestamp_column_takes_coarser_values_and_a_keyless_table_appends(chdb) -> None:
     p = _settings(chdb.url)
     sink = BACKEND.build(p, lanes=1)

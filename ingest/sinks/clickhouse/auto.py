@@ -15,7 +15,9 @@ batch, before anything is inserted (:meth:`ClickHouseAutoTables.prepare`):
    change type, a type that is not a widening, two schemas of the batch disagreeing on a column)
    raises :class:`~ingest.errors.PermanentError` with class ``schema_incompatible`` before any row of
    the batch is inserted: the batch's isolation then writes every other row and dead-letters the rows
-   of that table's incompatible schema alone -- the other tables keep flowing.
+   of that table's incompatible schema alone -- the other tables keep flowing. For
+   :data:`RECHECK_S` after the table was read, such a union is refused from that shape without asking
+   the server again (the pieces isolation makes fail at once; a table fixed by hand is seen after it).
 
 Then each table's rows are one insert (:meth:`ClickHouseAutoTables.insert_data`): every carrier's
 values put in the table's columns by name, converted where the table's column is wider in a way the
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +58,10 @@ __all__ = ["ALTERED_CODES", "AutoTable", "ClickHouseAutoTables", "InsertData", "
 #: repairs it): THERE_IS_NO_COLUMN, NOT_FOUND_COLUMN_IN_BLOCK, NO_SUCH_COLUMN_IN_TABLE,
 #: UNKNOWN_IDENTIFIER, UNKNOWN_TABLE, UNKNOWN_DATABASE.
 ALTERED_CODES = frozenset({8, 10, 16, 47, 60, 81})
+
+#: How long a table's shape read from the catalog is trusted to refuse a schema it cannot take (the
+#: pieces isolation splits a batch into fail at once; a table fixed by hand is seen within that time).
+RECHECK_S = 5.0
 
 #: One value converted from the record's column type to the table's (None: as it is).
 Convert = Callable[[Any], Any] | None
@@ -78,6 +85,8 @@ class AutoTable:
     where: ClickHouseTable
     #: the ClickHouse type of each column, by name
     types: dict[str, ChType]
+    #: monotonic time this shape was read from the catalog
+    read_at: float = 0.0
     #: a row shape → per table column: (where its value is in that shape's values or -1, converter)
     _plans: dict[RowShape, tuple[tuple[int, Convert], ...]] = field(default_factory=dict)
 
@@ -158,25 +167,39 @@ class ClickHouseAutoTables:
     def ensure(self, client: Any, name: str, shapes: Sequence[RowShape], *, window: int | None = None,
                call_lock: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
                ) -> AutoTable:
-        """The table ``name`` made to take ``shapes`` (their union); raises SchemaIncompatible."""
+        """The table ``name`` made to take ``shapes`` (their union); raises SchemaIncompatible.
+
+        A union the table as last read cannot take is refused without asking the server again for
+        :data:`RECHECK_S` after that read."""
         wanted = union([s.shape for s in shapes]) if len(shapes) > 1 else shapes[0].shape
         t = self._tables.get(name)
-        if t is not None and _takes(t, wanted, self._cfg.evolve):
+        if t is not None and self._fits(t, wanted):
             return t
         with self._lock:
             lock = self._locks.setdefault(name, threading.Lock())
         with lock:
             t = self._tables.get(name)
-            if t is not None and _takes(t, wanted, self._cfg.evolve):
+            if t is not None and self._fits(t, wanted):
                 return t
             where = self.where(name, window)
             with call_lock():
                 result = ensure_clickhouse(client, where, wanted, self._cfg.evolve)
-            if result.action == "incompatible":
-                raise SchemaIncompatible("incompatible", str(result.incompatible))
             assert result.shape is not None
             t = self._tables[name] = _table(name, result.shape, where)
+            if result.action == "incompatible":
+                raise SchemaIncompatible("incompatible", str(result.incompatible))
             return t
+
+    def _fits(self, t: AutoTable, wanted: Shape) -> bool:
+        """``t`` takes ``wanted`` as it is (its managed columns are its own); raises SchemaIncompatible
+        when it cannot and was read from the catalog less than :data:`RECHECK_S` ago (else False: read
+        it again)."""
+        p = plan(t.shape, wanted.with_columns(t.where.managed_columns(wanted)), self._cfg.evolve)
+        if isinstance(p, Incompatible):
+            if time.monotonic() - t.read_at < RECHECK_S:
+                raise SchemaIncompatible("incompatible", str(p))
+            return False
+        return p.empty
 
     def where(self, name: str, window: int | None) -> ClickHouseTable:
         """How table ``name`` is made: in the sink's database, versioned by the hidden ``_version``."""
@@ -249,11 +272,4 @@ def _table(name: str, shape: Shape, where: ClickHouseTable) -> AutoTable:
     for c in shape.columns:
         with contextlib.suppress(ValueError):
             types[c.name] = ch_type(shape.ddl_type(c))
-    return AutoTable(name, shape, where, types)
-
-
-def _takes(t: AutoTable, wanted: Shape, mode: str) -> bool:
-    """``t`` takes rows of ``wanted`` as it is (no DDL): the managed columns are the table's own."""
-    wanted = wanted.with_columns(t.where.managed_columns(wanted))
-    p = plan(t.shape, wanted, mode)  # type: ignore[arg-type]
-    return not isinstance(p, Incompatible) and p.empty
+    return AutoTable(name, shape, where, types, time.monotonic())
