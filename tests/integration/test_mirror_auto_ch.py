@@ -621,3 +621,72 @@ def test_debezium_json_schema_and_protobuf_through_the_registry_into_clickhouse(
         assert got == expected and 5 not in got
     finally:
         chdb.close()
+
+
+def test_migrate_dry_run_check_and_migrate_plan_clickhouse_tables_from_the_latest_registry_schemas(
+        kafka_bootstrap, pg_dsn, group_id, schema_registry, chdb, tmp_path: Path) -> None:
+    """``ingest migrate --dry-run`` / ``check`` / ``migrate`` for a ClickHouse ``columns: auto`` pipeline
+    whose template names the table from the topic: planned from the latest registry schema, created,
+    altered when a field is added in the registry, and an incompatible table reported."""
+    import json
+
+    from harness.serde import avro_values
+    from integration.test_cdc_formats import KEY_SCHEMA, VALUE_SCHEMA, Source
+
+    prefix = f"chplan{random.randrange(10**6)}"
+    topic = f"{prefix}.public.accounts"
+    create_topic(kafka_bootstrap, topic, 1)
+    source = Source()
+    source.upsert(1, 1)
+
+    def register(schema: str) -> None:  # the serializer registers the subjects
+        avro_values(schema_registry.url, topic, schema, [d for _, d in source.events])
+        avro_values(schema_registry.url, topic, KEY_SCHEMA, [{"id": 1}], field="key")
+
+    register(VALUE_SCHEMA)
+    url = chdb.url
+    chdb.close()
+    pipeline = {"name": PIPELINE, "topics": [f"^{prefix}\\.public\\.(?P<t>.+)$"], "group_id": group_id,
+                "format": "avro", "key_format": "avro", "envelope": "debezium", "deletes": {"mode": "hard"},
+                "sink": {"kind": "clickhouse", "url": url, "database": DB, "table": "{t}", "columns": "auto"},
+                "dlq": {"kind": "postgres", "dsn": pg_dsn}}
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                               "client": dict(TEST_CONSUMER_SETTINGS)},
+                                     "schema_registry": {"url": schema_registry.url}, "pipelines": [pipeline]})
+
+    def ingest(*args: str) -> str:
+        res = run_ingest([*args, "--config", config], timeout_s=60, log_dir=tmp_path)
+        assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+        return res.stdout
+
+    def columns() -> dict[str, str]:
+        client = chdb.client()
+        try:
+            return ch_columns(client, "accounts")
+        finally:
+            chdb.close()
+
+    out = ingest("migrate", "--dry-run")
+    assert f"table accounts (topic {topic}): would be created" in out and "CREATE TABLE IF NOT EXISTS `mirror`.`accounts`" in out, out
+    assert "ReplacingMergeTree(`_version`, `_ingest_deleted`)" in out and columns() == {}
+    assert "would be created" in ingest("check")
+    out = ingest("migrate")
+    assert "table accounts" in out and ": created" in out, out
+    assert list(columns()) == ["id", "name", "price", "updated_at", "_version", "_ingest_deleted"]
+    assert "exists and takes its latest schema" in ingest("check")
+
+    wider = json.loads(VALUE_SCHEMA)  # a field added in the latest schema
+    wider["fields"][0]["type"][1]["fields"].append({"name": "color", "type": ["null", "string"], "default": None})
+    register(json.dumps(wider))
+    out = ingest("migrate", "--dry-run")
+    assert "would be altered" in out and "ADD COLUMN `color` Nullable(String)" in out, out
+    assert "color" not in columns()
+    assert ": altered" in ingest("migrate") and columns()["color"] == "Nullable(String)"
+
+    client = chdb.client()  # a table its latest schema cannot fit
+    try:
+        client.command(f"ALTER TABLE `{DB}`.accounts MODIFY COLUMN name Nullable(Int64)")
+    finally:
+        chdb.close()
+    out = ingest("check")
+    assert "warn" in out and "incompatible with its latest schema" in out and "'name'" in out, out

@@ -44,7 +44,7 @@ from typing import Any
 from ingest.core.dialects import ChType, ch_type
 from ingest.errors import PermanentError
 from ingest.mirror.auto import KEY_AT, OFFSET_AT, SHAPE_AT, VALUES_AT, RowShape
-from ingest.mirror.ddl import ClickHouseTable, ensure_clickhouse, read_clickhouse_shape
+from ingest.mirror.ddl import ClickHouseTable, DdlResult, ensure_clickhouse, read_clickhouse_shape
 from ingest.mirror.errors import SchemaIncompatible
 from ingest.mirror.evolve import Incompatible, plan
 from ingest.mirror.router import table_of
@@ -189,6 +189,18 @@ class ClickHouseAutoTables:
             if result.action == "incompatible":
                 raise SchemaIncompatible("incompatible", str(result.incompatible))
             return t
+
+    def migrate(self, client: Any, name: str, wanted: Shape, *, window: int | None, dry_run: bool,
+                call_lock: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+                ) -> DdlResult:
+        """Create or evolve ``name`` for ``wanted`` now (``ingest migrate``; an incompatible table is left
+        as it is), or with ``dry_run`` only say what that would run. Raises like :func:`ensure_clickhouse`."""
+        where = self.where(name, window)
+        with call_lock():
+            result = ensure_clickhouse(client, where, wanted, self._cfg.evolve, dry_run=dry_run)
+        if not dry_run and result.shape is not None:
+            self._tables[name] = _table(name, result.shape, where)
+        return result
 
     def _fits(self, t: AutoTable, wanted: Shape) -> bool:
         """``t`` takes ``wanted`` as it is (its managed columns are its own); raises SchemaIncompatible

@@ -447,6 +447,16 @@ class ClickHouseSink:
         return TransientError(f"table {self._cfg.database}.{t.name} is not as ingest last read it ({err}); "
                               "it is read again from the catalog", error_class="table_changed")
 
+    def plan_auto_table(self, name: str, shape: Any, *, dry_run: bool) -> Any:
+        """``columns: auto``: create or evolve ``name`` for ``shape`` now (``ingest migrate``), or with
+        ``dry_run`` say what that would run -- a :class:`~ingest.mirror.ddl.DdlResult`. Raises
+        TransientError / MigrationError."""
+        assert self._auto is not None, "columns: auto only"
+        with self._classified():
+            client = self.client()
+        return self._auto.migrate(client, name, shape, dry_run=dry_run, call_lock=self._call_lock,
+                                  window=self._cfg.deduplication_window if self._token_supported else None)
+
     def ensure_table(self, name: str) -> None:
         """Create the routed table ``name`` now if it is missing (``ingest migrate``). Raises like a write;
         ValueError with ``columns: auto`` (a table is made from its records' schemas)."""
