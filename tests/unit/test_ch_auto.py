@@ -180,3 +180,18 @@ def test_a_column_that_cannot_hold_null_gets_its_zero_and_an_array_its_empty_lis
                  ClickHouseTable("a"))
     assert _filler(arr.shape.columns[1], arr.types["tags"]) == []
     assert datetime.fromtimestamp(got["at"][0] / 1000, timezone.utc).year == 2023
+
+
+def test_clickhouse_auto_settings_survive_a_dump_validated_again_and_preview_shows_the_columns() -> None:
+    from ingest.config import Settings
+    from ingest.preview import preview
+
+    p = settings()
+    again = Settings.model_validate({"pipelines": [p.model_dump(by_alias=True)]}).pipelines[0]
+    assert again.auto_columns and again.sink.order_by == ["_ingest_key"] and again.sink.version_column == "_ingest_offset"
+    assert list(again.sink.columns) == list(p.sink.columns)
+    report = preview(Settings.model_validate({"pipelines": [p.model_dump(by_alias=True)]}), again,
+                     [event("c", 1, "a"), event("d", 2, table="other")])
+    tables = report.as_dict()["tables"]
+    assert tables["items"][0]["row"] == {"id": 1, "name": "a", "price": Decimal("1.50"), "at": 1_700_000_000_123}
+    assert tables["other"][0]["delete"] == {"id": 2}
