@@ -74,12 +74,14 @@ def _auto_mapper(settings: PipelineSettings, decoder: Decoder | None, key_decode
     dialect = settings.sink.kind
 
     def coercer(type_text: str, nullable: bool) -> tuple[Any, bool]:
+        if dialect == "clickhouse":
+            return _ch_auto_coercer(type_text, nullable)
         return column_coercer(ColumnSpec(type=type_text, required=not nullable), dialect)
 
     soft = settings.deletes.soft_column if settings.has_deletes and settings.deletes.mode == "soft" else None
-    reserved = tuple(name for name in (soft, getattr(settings.sink.version, "column", None)) if name)
+    auto_version = getattr(settings.sink, "version", None)  # PostgreSQL only
+    reserved = _reserved_columns(dialect, soft, getattr(auto_version, "column", None))
     version = None
-    auto_version = getattr(settings.sink, "version", None)
     if auto_version is not None:  # one column's mapper: "@source.PATH" reads the block map() passes
         source = auto_version.source
         version = Mapper({"version": ColumnSpec(type=auto_version.type, required=True,
@@ -89,6 +91,32 @@ def _auto_mapper(settings: PipelineSettings, decoder: Decoder | None, key_decode
                       key_decoder=key_decoder, coercer=coercer, tombstones=settings.effective_tombstones,
                       truncate=settings.truncate, reserved_columns=reserved, version=version, router=router,
                       overrides=list(getattr(settings.sink, "tables", {}).items()))
+
+
+def _reserved_columns(dialect: str, soft: str | None, version: str | None) -> tuple[str, ...]:
+    """Field names a ``columns: auto`` table cannot take as columns: the soft-delete column, the sink's
+    ``version`` column and, in ClickHouse, the hidden version column (``_version``: a field of that name
+    would version the table)."""
+    names = tuple(name for name in (soft, version) if name)
+    if dialect == "clickhouse":
+        from ingest.sinks.clickhouse.settings import CH_DEFAULT_VERSION_COLUMN
+
+        names = (*names, CH_DEFAULT_VERSION_COLUMN)
+    return names
+
+
+def _ch_auto_coercer(type_text: str, nullable: bool) -> tuple[Any, bool]:
+    """``(coercer, required)`` of a ``columns: auto`` ClickHouse column (a shape's type has no ``Nullable``):
+    a nullable field's column is ``Nullable(T)``, so its null is a value, not a missing one; an
+    ``Array`` is never Nullable (a null array is written as its ``DEFAULT []``), so never required."""
+    from ingest.config.base import ColumnSpec
+    from ingest.core.mapping.mapper import column_coercer
+    from ingest.mirror.types import ch_nullable
+
+    is_array = type_text.startswith("Array(")
+    spelled = ch_nullable(type_text) if nullable and not is_array else type_text
+    coerce, required = column_coercer(ColumnSpec(type=spelled, required=not nullable and not is_array), "clickhouse")
+    return coerce, required and not is_array
 
 
 def _mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,

@@ -66,12 +66,6 @@ def test_settings_columns_auto_cannot_take_say_why(extra: dict[str, Any], says: 
     assert says in str(err.value)
 
 
-def test_clickhouse_refuses_columns_auto_naming_it() -> None:
-    with pytest.raises(ValidationError) as err:
-        settings(sink={"kind": "clickhouse", "url": "http://localhost:8123"})
-    assert "columns: auto writes PostgreSQL tables only" in str(err.value)
-
-
 def test_a_change_event_maps_to_a_carrier_of_its_schema_and_table() -> None:
     m = mapper_for(settings())
     row, _ = m.map(event("c", 7, offset=3))
