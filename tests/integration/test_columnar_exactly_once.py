@@ -76,14 +76,17 @@ def test_an_exactly_once_pipeline_writes_on_the_columnar_tier(kafka_bootstrap, p
 def _hostile_stream(*, unkeyed: bool) -> list[tuple[bytes | None, bytes]]:
     """:func:`columnar_stream`'s records (poison of three kinds, ISO timestamps only the row mapper
     takes) plus a ``kind`` too long for ``varchar(6)`` at i = 503, 1503, 2503 (the database refuses the
-    row: isolated inside the batch transaction); with ``unkeyed`` every third record has no Kafka key
-    (exactly-once routes it by its offset)."""
+    row: isolated inside the batch transaction; 2503 is its key's last record, so even a keyed table
+    sends it); with ``unkeyed`` every third record and the last 60 have no Kafka key (exactly-once
+    routes them by their offset: with each partition's last records unkeyed, the lane offsets at the
+    end tell where they went)."""
     def doc_of(i: int) -> dict:
         return {"id": i % 700, "n": i, "kind": "toolong" if i % 1000 == 503 else f"k{i % 7}",
                 "ts": 1_764_460_800_000 + i, **({"note": {"x": [i]}} if i % 4 == 0 else {})}
 
     out = columnar_stream(doc_of)
-    return [(None if unkeyed and i % 3 == 0 else key, value) for i, (key, value) in enumerate(out)]
+    return [(None if unkeyed and (i % 3 == 0 or i >= len(out) - 60) else key, value)
+            for i, (key, value) in enumerate(out)]
 
 
 @pytest.mark.parametrize(("keyed", "lanes"), [(True, 1), (False, 2)])
