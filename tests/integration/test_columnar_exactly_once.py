@@ -249,7 +249,8 @@ def test_the_exactly_once_transaction_of_a_columnar_batch_matches_the_row_paths(
             rows_done, cols_done = done[names[0]], done[names[1]]
             assert rows_done.error is None and cols_done.error is None, (rows_done.error, cols_done.error)
             assert cols_done.done == rows_done.done
-            assert (cols_done.skipped, cols_done.dead_lettered) == (rows_done.skipped, rows_done.dead_lettered)
+            assert (cols_done.skipped, cols_done.dead_lettered, cols_done.rows_written, cols_done.records) == \
+                (rows_done.skipped, rows_done.dead_lettered, rows_done.rows_written, rows_done.records)
             if cols_done.columnar_records:
                 seen["columnar"] += 1
                 assert cols_done.skipped == 0
