@@ -20,7 +20,7 @@ The tier turns itself off for good when more than ``MAX_DECLINED_SHARE`` of the 
 ``REVIEW_RECORDS`` records it was offered had to go by rows (a stream it does not fit: fields no
 column reads, nested values...); it is logged at ``info``.
 
-:func:`columnar_tier` decides whether a pipeline can have the tier at all (at least once, JSON, a
+:func:`columnar_tier` decides whether a pipeline can have the tier at all (JSON, a
 sink that declares the ``columnar`` capability and takes the plan's columns, the last or
 highest-version record of a key wins, with more than one lane keys the plan can route by:
 :meth:`ColumnarPlan.lane_keys <ingest.core.mapping.columnar.ColumnarPlan.lane_keys>` gives the accept
@@ -28,6 +28,14 @@ loop what the row path routes each record by, without mapping it; transforms -- 
 tier evaluates: :mod:`ingest.core.transforms.columnar`); a pipeline that can has it unless its
 configuration says ``columnar: false``. Records a transform's filter drops have no row and are counted
 per filter (:attr:`ColumnarPlanned.filtered`), whether the plan or the row mapper dropped them.
+
+Exactly-once pipelines (``sink.delivery: exactly_once``) have the tier too, with one lane or into a
+table without a conflict key (then every record routes by its Kafka key, or without one by its
+offset, on either tier: a record's lane never depends on the tier, which the lane offsets need).
+A batch the tier took is written in the batch's exactly-once transaction
+(:class:`~ingest.sinks.postgres.exactly_once.ExactlyOnceWriter`): the columnar write in a savepoint,
+its poison records' DLQ rows and the lane's offsets; when records of it were already written by an
+earlier run, or the columnar write fails, the transaction maps and writes the fresh records by rows.
 """
 
 from __future__ import annotations
@@ -216,8 +224,10 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
     why = None
     if not columnar_capable:
         why = f"sink kind {p.sink.kind!r} has no columnar write"
-    elif exactly_once:
-        why = "exactly-once delivery writes by rows"
+    elif exactly_once and p.lanes != 1 and rule.key_index is not None:
+        # Lane offsets hold only under one routing: the tier may route a poison record by its key column,
+        # the row path by its Kafka key, so a restart on the other tier could skip it as written.
+        why = "exactly-once delivery with lanes above 1 into a table with a conflict key writes by rows"
     elif p.format != "json" or p.envelope != "none":
         why = "it reads plain JSON values only"
     elif p.has_deletes:

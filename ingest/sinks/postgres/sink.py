@@ -225,19 +225,27 @@ class PostgresSink:
         PermanentError...); a connection that is not UTF-8 raises PermanentError (the CSV is UTF-8).
         Requires :meth:`use_columnar`. ``token`` is ignored: the write is one transaction, and the sink
         takes no insert tokens."""
-        statements = self._columnar
-        assert statements is not None, "use_columnar() first"
         with translate() as t:
             with self.connection() as conn:
                 t.conn = conn
-                if conn.info.encoding != "utf-8":
-                    raise PermanentError(f"the connection's encoding is {conn.info.encoding}, not UTF-8",
-                                         error_class="encoding")
-                with conn.transaction(), conn.cursor() as cur:
-                    with cur.copy(statements.copy_stage) as copy:
-                        copy.write(memoryview(payload))
-                    cur.execute(statements.upsert)
-                    self.statements += 2
+                with conn.transaction():
+                    self.write_encoded_in(conn, payload)
+
+    def write_encoded_in(self, conn: psycopg.Connection[Any], payload: Any) -> None:
+        """:meth:`write_encoded` inside the caller's open transaction on a connection of this sink
+        (exactly-once: beside the batch's offsets). At most once per transaction (or per savepoint
+        rolled back): the stage is emptied by the commit. Raises psycopg's errors (the caller
+        translates them); PermanentError for a connection that is not UTF-8."""
+        statements = self._columnar
+        assert statements is not None, "use_columnar() first"
+        if conn.info.encoding != "utf-8":
+            raise PermanentError(f"the connection's encoding is {conn.info.encoding}, not UTF-8",
+                                 error_class="encoding")
+        with conn.cursor() as cur:
+            with cur.copy(statements.copy_stage) as copy:
+                copy.write(memoryview(payload))
+            cur.execute(statements.upsert)
+            self.statements += 2
 
     def row_sources(self, keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], RowSource]:
         """Where the rows with these conflict keys were last written from (rows that do not exist are
