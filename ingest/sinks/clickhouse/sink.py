@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ingest.core.dialects import ch_type
+from ingest.core.dialects import ch_quote_ident, ch_type
 from ingest.core.mapping.columnar import StagedColumn
 from ingest.errors import (
     IngestError,
@@ -94,9 +94,8 @@ ClientFactory = Callable[[], Any]
 # --------------------------------------------------------------------------- SQL text helpers
 
 
-def quote_ident(name: str) -> str:
-    """A ClickHouse identifier in backquotes (backslash and backquote escaped)."""
-    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+#: A ClickHouse identifier in backquotes (backslash and backquote escaped).
+quote_ident = ch_quote_ident
 
 
 def quote_str(value: str) -> str:
