@@ -326,6 +326,8 @@ class BatchWriter:
         result.write_calls = 1
         result.rows_written = planned.rows
         result.columnar_records = len(items)
+        if planned.rows_by_table is not None:  # a pipeline routing to many tables (RoutedColumnarTier)
+            result.rows_by_table = planned.rows_by_table
         return failures
 
     def _columnar_token(self, planned: ColumnarPlanned, done: dict[tuple[Partition, int], list[int]]) -> str:

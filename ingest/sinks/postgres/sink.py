@@ -111,6 +111,7 @@ class PostgresSink:
         self.statements = 0
         #: the columnar write's SQL, once :meth:`use_columnar` was called
         self._columnar: ColumnarStatements | None = None
+        self._columnar_columns: tuple[StagedColumn, ...] = ()
 
     # -- connection management -------------------------------------------------
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
@@ -125,7 +126,7 @@ class PostgresSink:
             conn.execute(self._sql.create_stage)
         for child in self._children:
             conn.execute(child.sql.create_stage)
-        if self._columnar is not None:
+        if self._columnar is not None and not self._routed:  # a routed table's stage: made with the table
             conn.execute(self._columnar.create_stage)
 
     def _get_pool(self) -> ConnectionPool:
@@ -206,7 +207,10 @@ class PostgresSink:
             raise ValueError("a table whose records delete is written by rows")
         if self._children:
             raise ValueError("a table with exploded child rows is written by rows")
-        self._columnar = ColumnarStatements(self._cfg, columns)
+        if self._auto is not None:
+            raise ValueError("columns: auto maps each record by its own schema")
+        self._columnar = ColumnarStatements(self._cfg, columns)  # checks the columns, for routed tables too
+        self._columnar_columns = tuple(columns)
 
     def encode_columns(self, table: Any) -> Any:
         """A columnar batch (a ``pyarrow.Table`` of this table's columns as
@@ -228,6 +232,8 @@ class PostgresSink:
         with translate() as t:
             with self.connection() as conn:
                 t.conn = conn
+                if self._routed:  # each table ensured and its stage made, before the transaction
+                    self._stage_columnar(conn, [name for name, _ in payload])
                 with conn.transaction():
                     self.write_encoded_in(conn, payload)
 
@@ -241,11 +247,28 @@ class PostgresSink:
         if conn.info.encoding != "utf-8":
             raise PermanentError(f"the connection's encoding is {conn.info.encoding}, not UTF-8",
                                  error_class="encoding")
+        parts = [(self._table(name).columnar, part) for name, part in payload] if self._routed \
+            else [(statements, payload)]  # routed: one (table, CSV) part per table of the batch
         with conn.cursor() as cur:
-            with cur.copy(statements.copy_stage) as copy:
-                copy.write(memoryview(payload))
-            cur.execute(statements.upsert)
-            self.statements += 2
+            for table_statements, part in parts:
+                with cur.copy(table_statements.copy_stage) as copy:
+                    copy.write(memoryview(part))
+                cur.execute(table_statements.upsert)
+                self.statements += 2
+
+    def _stage_columnar(self, conn: psycopg.Connection[Any], tables: Sequence[str]) -> None:
+        """A routed columnar batch, before its transaction (autocommit): each table ensured, its columnar
+        SQL composed and the session's stage of it made, once per pooled connection."""
+        staged = self._staged.get(conn)
+        if staged is None:
+            staged = self._staged[conn] = set()
+        for name in tables:
+            t = self._table(name)
+            if t.columnar is None:
+                t.columnar = ColumnarStatements(t.cfg, self._columnar_columns)
+            if COLUMNAR_STAGED + name not in staged:
+                conn.execute(t.columnar.create_stage)
+                staged.add(COLUMNAR_STAGED + name)
 
     def row_sources(self, keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], RowSource]:
         """Where the rows with these conflict keys were last written from (rows that do not exist are
@@ -518,9 +541,14 @@ class _Table:
     deletes: DeleteStatements | None
     #: the table's number in the shared stage
     route: int = 0
+    #: the columnar tier's SQL of the table (its stage and upsert), once a columnar batch wrote it
+    columnar: ColumnarStatements | None = None
     #: monotonic time of the table's last tombstone expiry
     _expired_at: float = 0.0
 
+
+#: The mark of a routed table's columnar stage among a session's stages (no table name holds a NUL).
+COLUMNAR_STAGED = "\x00columnar:"
 
 #: How long a routed table's DDL waits for a lock before it gives up (the batch's retries take it again):
 #: never queued for long ahead of readers behind a long transaction, never stuck on one.
