@@ -186,8 +186,12 @@ class RoutedColumnarTier(ColumnarTier):
     A record whose table cannot be resolved is poison (stage ``route``, class ``unroutable``), as on
     the row path; a part the plan declines sends the whole batch by rows."""
 
-    def __init__(self, *args: Any, table_of: Callable[[Record], str]) -> None:
-        super().__init__(*args)
+    def __init__(self, pipeline: str, plan: ColumnarPlan, encode_parts: Callable[[list[tuple[str, Any]]], Any],
+                 write: Callable[..., None], map_record: Callable[[Record], tuple[tuple[Any, ...], bytes | None]],
+                 *, table_of: Callable[[Record], str]) -> None:
+        """``encode_parts([(table, pyarrow.Table), ...])``: the sink's payload of a batch's parts."""
+        super().__init__(pipeline, plan, _unencoded, write, map_record)
+        self._encode_parts = encode_parts
         self._table_of = table_of
 
     def build(self, items: Sequence[Item], records: Sequence[Record] | None = None,
@@ -230,7 +234,18 @@ class RoutedColumnarTier(ColumnarTier):
             filtered_items += planned.filtered_items
             filtered.update(planned.filtered)
             rows[table] = planned.rows
-        return ColumnarPlanned(payload, sum(rows.values()), poison, filtered_items, filtered, rows)
+        try:
+            encoded = self._encode_parts(payload)
+        except Exception as exc:  # noqa: BLE001 - a value the sink refuses: the row path decides
+            log.info("columnar batch not encoded (%s); writing it by rows", type(exc).__name__,
+                     extra={"pipeline": self._pipeline, "error_class": getattr(exc, "error_class", None)})
+            return None
+        return ColumnarPlanned(encoded, sum(rows.values()), poison, filtered_items, filtered, rows)
+
+
+def _unencoded(table: Any) -> Any:
+    """A part's plan as it is: :class:`RoutedColumnarTier` encodes the parts together."""
+    return table
 
 
 def _use_system_allocator() -> None:
@@ -261,7 +276,7 @@ def columnar_tier(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exa
         said("columnar")
     _use_system_allocator()
     if p.routes_tables:
-        return RoutedColumnarTier(p.name, plan, sink.encode_columns, sink.write_encoded, row_mapper.map,
+        return RoutedColumnarTier(p.name, plan, sink.encode_routed, sink.write_encoded, row_mapper.map,
                                   table_of=row_mapper.router.table)  # type: ignore[attr-defined]
     return ColumnarTier(p.name, plan, sink.encode_columns, sink.write_encoded, row_mapper.map)
 

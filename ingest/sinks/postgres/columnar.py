@@ -40,7 +40,7 @@ from psycopg import sql
 from ingest.core.dialects import pg_base_type
 from ingest.core.mapping.columnar import StagedColumn
 from ingest.sinks.postgres.settings import PostgresSinkSettings
-from ingest.sinks.postgres.statements import UpsertStatements, stage_name, table_ident
+from ingest.sinks.postgres.statements import ROUTE_COLUMN, UpsertStatements, stage_name, table_ident
 
 _STAGE_TYPE = {"int": "int8", "text": "text", "numeric": "text", "timestamp": "int8", "float": "float8",
                "bool": "boolean", "json": "text"}
@@ -49,20 +49,27 @@ _STAGE_TYPE = {"int": "int8", "text": "text", "numeric": "text", "timestamp": "i
 class ColumnarStatements:
     """The SQL of the columnar write for one table, composed once."""
 
-    def __init__(self, cfg: PostgresSinkSettings, columns: Sequence[StagedColumn]) -> None:
+    def __init__(self, cfg: PostgresSinkSettings, columns: Sequence[StagedColumn], *,
+                 shared_stage: str | None = None, route: int | None = None) -> None:
+        """Tables a pipeline routes to share one stage per session whose rows carry the number of their
+        table (:data:`~ingest.sinks.postgres.statements.ROUTE_COLUMN`): ``shared_stage`` names it,
+        ``route`` is this table's number (its upsert reads only its rows)."""
         if [c.name for c in columns] != list(cfg.columns):
             raise ValueError("the columnar plan's columns are not the sink's")
         if any(c.kind not in _STAGE_TYPE for c in columns):
             raise ValueError("the columnar plan stages a column PostgreSQL's columnar write does not take")
         target = table_ident(cfg.db_schema, cfg.table)
-        stage = sql.Identifier(stage_name(cfg.db_schema, cfg.table) + "_c")
+        stage = sql.Identifier(shared_stage or stage_name(cfg.db_schema, cfg.table) + "_c")
         ident = sql.Identifier
-        defs = sql.SQL(", ").join(sql.SQL("{} {}").format(ident(c.name), sql.SQL(_STAGE_TYPE[c.kind]))
-                                  for c in columns)
+        staged = [(c.name, _STAGE_TYPE[c.kind]) for c in columns]
+        if shared_stage is not None:
+            staged.append((ROUTE_COLUMN, "int4"))
+        defs = sql.SQL(", ").join(sql.SQL("{} {}").format(ident(name), sql.SQL(kind)) for name, kind in staged)
         self.create_stage = sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {stage} ({defs}) ON COMMIT DELETE ROWS").format(
             stage=stage, defs=defs)
         names = sql.SQL(", ").join(ident(c.name) for c in columns)
-        self.copy_stage = sql.SQL("COPY {stage} ({names}) FROM STDIN (FORMAT csv)").format(stage=stage, names=names)
+        self.copy_stage = sql.SQL("COPY {stage} ({names}) FROM STDIN (FORMAT csv)").format(
+            stage=stage, names=sql.SQL(", ").join(ident(name) for name, _ in staged))
         selects = []
         for c in columns:
             full = pg_base_type(cfg.columns[c.name].type)[1]
@@ -74,9 +81,23 @@ class ColumnarStatements:
             else:
                 selects.append(ident(c.name))
         conflict = UpsertStatements._conflict_clause(cfg)
-        self.upsert = sql.SQL("INSERT INTO {t} AS t ({names}) SELECT {sel} FROM {stage}{order}{conflict}").format(
-            t=target, names=names, sel=sql.SQL(", ").join(selects), stage=stage, conflict=conflict,
+        where = (sql.SQL(" WHERE {} = {}").format(ident(ROUTE_COLUMN), sql.Literal(int(route)))
+                 if route is not None else sql.SQL(""))
+        self.upsert = sql.SQL("INSERT INTO {t} AS t ({names}) SELECT {sel} FROM {stage}{where}{order}{conflict}").format(
+            t=target, names=names, sel=sql.SQL(", ").join(selects), stage=stage, conflict=conflict, where=where,
             order=UpsertStatements.key_order(cfg))
+
+
+def routed_csv(parts: Sequence[tuple[int, Any]]) -> bytes:
+    """The CSV of routed parts -- ``(table number, pyarrow.Table)`` -- each row ending with its table's
+    number, for one COPY into a shared stage (:class:`ColumnarStatements` with ``shared_stage``)."""
+    import pyarrow as pa
+
+    out = []
+    for route, table in parts:
+        numbered = table.append_column(ROUTE_COLUMN, pa.array([route] * table.num_rows, pa.int32()))
+        out.append(memoryview(csv_bytes(numbered)))
+    return b"".join(out)
 
 
 def csv_bytes(table: Any) -> Any:

@@ -39,7 +39,7 @@ from ingest.sinks.base import InTransaction, RowSource
 from ingest.errors import PermanentError, TransientError
 from ingest.sinks.postgres.auto import UNDEFINED, AutoTables
 from ingest.sinks.postgres.children import ChildTable
-from ingest.sinks.postgres.columnar import ColumnarStatements, csv_bytes
+from ingest.sinks.postgres.columnar import ColumnarStatements, csv_bytes, routed_csv
 from ingest.sinks.postgres.settings import OFFSET_COLUMN, STREAM_COLUMN, PostgresSinkSettings
 from ingest.sinks.postgres.statements import (
     DeleteStatements,
@@ -112,6 +112,9 @@ class PostgresSink:
         #: the columnar write's SQL, once :meth:`use_columnar` was called
         self._columnar: ColumnarStatements | None = None
         self._columnar_columns: tuple[StagedColumn, ...] = ()
+        #: routed: the shared columnar stage's statements, and each table's number in the shared stages
+        self._columnar_stage: ColumnarStatements | None = None
+        self._route_numbers: dict[str, int] = {}
 
     # -- connection management -------------------------------------------------
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
@@ -232,8 +235,8 @@ class PostgresSink:
         with translate() as t:
             with self.connection() as conn:
                 t.conn = conn
-                if self._routed:  # each table ensured and its stage made, before the transaction
-                    self._stage_columnar(conn, [name for name, _ in payload])
+                if self._routed:  # each table ensured and the stage made, before the transaction
+                    self._stage_columnar(conn, payload[0])
                 with conn.transaction():
                     self.write_encoded_in(conn, payload)
 
@@ -247,14 +250,40 @@ class PostgresSink:
         if conn.info.encoding != "utf-8":
             raise PermanentError(f"the connection's encoding is {conn.info.encoding}, not UTF-8",
                                  error_class="encoding")
-        parts = [(self._table(name).columnar, part) for name, part in payload] if self._routed \
-            else [(statements, payload)]  # routed: one (table, CSV) part per table of the batch
         with conn.cursor() as cur:
-            for table_statements, part in parts:
-                with cur.copy(table_statements.copy_stage) as copy:
-                    copy.write(memoryview(part))
-                cur.execute(table_statements.upsert)
-                self.statements += 2
+            if self._routed:  # one COPY of every table's rows into the shared stage, every upsert in one go
+                names, data = payload
+                if not names:  # every record of the batch was poison
+                    return
+                with cur.copy(self._columnar_shared().copy_stage) as copy:
+                    copy.write(memoryview(data))
+                cur.execute(sql.SQL("; ").join(self._table(name).columnar.upsert for name in names))  # type: ignore[union-attr]
+            else:
+                with cur.copy(statements.copy_stage) as copy:
+                    copy.write(memoryview(payload))
+                cur.execute(statements.upsert)
+            self.statements += 2
+
+    def encode_routed(self, parts: Sequence[tuple[str, Any]]) -> Any:
+        """A routed columnar batch -- ``(table, pyarrow.Table)`` per table -- as :meth:`write_encoded`
+        sends it: the tables' names and one CSV of every row, each ending with its table's number (the
+        shared stage's route). Pure but for numbering a table not seen before; any thread."""
+        return [name for name, _ in parts], routed_csv([(self._route_of(name), table) for name, table in parts])
+
+    def _route_of(self, name: str) -> int:
+        """A routed table's number in the shared stages (given on first sight, never reused)."""
+        number = self._route_numbers.get(name)
+        if number is None:
+            with self._tables_lock:
+                number = self._route_numbers.setdefault(name, len(self._route_numbers))
+        return number
+
+    def _columnar_shared(self) -> ColumnarStatements:
+        """The shared columnar stage's own statements (create, COPY with the table's number)."""
+        if self._columnar_stage is None:
+            self._columnar_stage = ColumnarStatements(self._cfg, self._columnar_columns,
+                                                      shared_stage=stage_name(self._cfg.db_schema, self._cfg.table) + "_c")
+        return self._columnar_stage
 
     def _stage_columnar(self, conn: psycopg.Connection[Any], tables: Sequence[str]) -> None:
         """A routed columnar batch, before its transaction (autocommit): each table ensured, its columnar
@@ -262,13 +291,15 @@ class PostgresSink:
         staged = self._staged.get(conn)
         if staged is None:
             staged = self._staged[conn] = set()
+        shared = self._columnar_shared()
         for name in tables:
             t = self._table(name)
             if t.columnar is None:
-                t.columnar = ColumnarStatements(t.cfg, self._columnar_columns)
-            if COLUMNAR_STAGED + name not in staged:
-                conn.execute(t.columnar.create_stage)
-                staged.add(COLUMNAR_STAGED + name)
+                t.columnar = ColumnarStatements(t.cfg, self._columnar_columns, route=self._route_of(name),
+                                                shared_stage=stage_name(self._cfg.db_schema, self._cfg.table) + "_c")
+        if COLUMNAR_STAGED not in staged:
+            conn.execute(shared.create_stage)
+            staged.add(COLUMNAR_STAGED)
 
     def row_sources(self, keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], RowSource]:
         """Where the rows with these conflict keys were last written from (rows that do not exist are
@@ -547,8 +578,8 @@ class _Table:
     _expired_at: float = 0.0
 
 
-#: The mark of a routed table's columnar stage among a session's stages (no table name holds a NUL).
-COLUMNAR_STAGED = "\x00columnar:"
+#: The mark of the routed tables' shared columnar stage among a session's stages (no table name holds a NUL).
+COLUMNAR_STAGED = "\x00columnar"
 
 #: How long a routed table's DDL waits for a lock before it gives up (the batch's retries take it again):
 #: never queued for long ahead of readers behind a long transaction, never stuck on one.
