@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -77,11 +78,16 @@ def read(value: bytes | memoryview, schema: Any, what: str | wire.SchemaRef, sta
     try:
         doc = schemaless_reader(buf, schema, None)
     except Exception as exc:  # noqa: BLE001 - EOFError, ValueError, IndexError, UnicodeDecodeError...
-        raise _mismatch(what, f"{type(exc).__name__}: {exc}") from None
+        raise _mismatch(what, f"{type(exc).__name__}: {_OBJECT_AT.sub('the record', str(exc))}") from None
     left = len(value) - buf.tell()
     if left:
         raise _mismatch(what, f"{left} bytes left after the record")
     return doc
+
+
+#: a Python object's repr with its address (fastavro's ``cannot read double from <_io.BytesIO object at
+#: 0x7f...>``): not in messages, which must say the same of the same bytes in every run
+_OBJECT_AT = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
 
 
 def _mismatch(what: str | wire.SchemaRef, why: str) -> InvalidRecord:
@@ -95,6 +101,9 @@ class AvroDecoder(RegistryDecoder):
 
     name = "avro"
     document = "an Avro record"
+    #: the columnar plan may read this decoder's documents (:meth:`decode_batch`: each record decoded by
+    #: :meth:`decode`, exactly as the row mapper decodes it): :class:`ingest.core.mapping.columnar.ColumnarPlan`
+    columnar_documents = True
     parse = staticmethod(parse_avro)
     #: for ``ingest check``: can a record of a parsed schema hold a value at a path
     has_path = staticmethod(lambda schema, steps: has_path(schema, steps))

@@ -218,8 +218,10 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
         why = f"sink kind {p.sink.kind!r} has no columnar write"
     elif exactly_once:
         why = "exactly-once delivery writes by rows"
-    elif p.format != "json" or p.envelope != "none":
-        why = "it reads plain JSON values only"
+    elif p.format not in ("json", "avro") or p.envelope != "none":
+        why = "it reads plain JSON or Avro values only"
+    elif p.format == "avro" and p.sink.kind != "postgres":
+        why = "Avro values go columnar into PostgreSQL only"
     elif p.has_deletes:
         why = "a pipeline whose records delete writes by rows"
     elif rule.key_index is not None and (rule.keep != "last" or rule.merge_deletes):

@@ -43,6 +43,7 @@ Pure logic, no I/O; pyarrow is imported only when a plan is made.
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 import sys
 from collections.abc import Callable, Sequence
@@ -253,7 +254,8 @@ class ColumnarPlan:
     def __init__(self, names: Sequence[str], columns: Sequence[FastColumn], kinds: Sequence[StagedColumn],
                  keys: Sequence[str], key_index: tuple[int, ...] | None, version_index: int | None = None,
                  transform: Any = None, record_key_orders: bool = True,
-                 nested: dict[int, tuple[str, ...]] | None = None) -> None:
+                 nested: dict[int, tuple[str, ...]] | None = None,
+                 documents: Callable[[Sequence[Record]], list[Any]] | None = None) -> None:
         """``transform``: the pipeline's transforms compiled for the tier
         (:class:`ingest.core.transforms.columnar.ColumnarTransform`): the batch is decoded by its
         decoder and the columns read its results (``keys``: the document keys after the steps; no
@@ -265,7 +267,11 @@ class ColumnarPlan:
         key, by column position (-1: the pipeline key's), whose first key is among ``keys``: that key is
         decoded as an object of the next keys (:func:`_nested_struct`), and such a column reads its
         path, None where any step is missing or null (an object where a value is wanted, or a value
-        where an object is, is refused by the decoder: the row mapper decides)."""
+        where an object is, is refused by the decoder: the row mapper decides). ``documents``: the batch's
+        values are not JSON: ``documents(records)`` is the pipeline decoder's own ``decode_batch`` (each
+        record's document, or the InvalidRecord its decode raises: the row mapper's documents, exactly),
+        and the columns read its top-level keys (:func:`document_fields`); no ``transform`` or
+        ``nested`` then, and every column's values are type-checked (nothing is known of them)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -281,6 +287,12 @@ class ColumnarPlan:
         decoded_as = [next(iter(staged_as[key])) if len(staged_as.get(key, ())) == 1 else None for key in keys]
         self._transform = None if transform is None else transform.bind(keys)
         nested = nested or {}
+        #: the decoder of a non-JSON format's batches (see ``documents`` above), or None: JSON lines
+        self._documents = documents
+        self._keys = tuple(keys)
+        if documents is not None:
+            assert transform is None and not nested, "non-JSON documents: top-level fields, no transforms"
+            decoded_as = [None] * len(keys)  # the documents' values are any Python objects: each checked
         if self._transform is not None:  # the columns read computed values: each is checked
             assert not nested, "transforms read top-level fields: no nested paths (Mapper.columnar_plan)"
             decoded_as = [None] * len(keys)
@@ -357,6 +369,10 @@ class ColumnarPlan:
             else:
                 self.route_refusal = f"the key column {staged.name!r} reads {col.metadata}, which the tier does not route by"
                 return
+        if doc_keys and self._documents is not None:
+            self.route_refusal = ("its key columns read the record value, which only the row mapper decodes "
+                                  "to route a non-JSON record")
+            return
         if doc_keys:
             kind_of = {doc_keys.index(columns[i].doc_key): kinds[i].kind for i in key_index  # type: ignore[arg-type]
                        if columns[i].doc_key is not None}
@@ -450,7 +466,6 @@ class ColumnarPlan:
         the whole batch. ``listed``: fields of the records the caller has already listed, by attribute
         name (``offset``: each record's offset, in order...), not listed again. Never raises for any
         record content."""
-        pa, pc = self._pa, self._pc
         n = len(records)
         if n == 0:
             return None
@@ -458,6 +473,12 @@ class ColumnarPlan:
         values = fields("value")
         if None in values or fields("origin").count(None) != n:
             return None  # tombstones and republished records: the row path
+        if self._documents is not None:  # a typed format's documents (Avro): decoded by its own decoder
+            got = document_fields(self._documents, records, self._keys)
+            if got is None:
+                return None
+            by_field, rejected = got
+            return self._columns(by_field, fields, rejected, n, {})
         joined = b"\n".join(values)
         if joined.count(b"\n") != n - 1:
             return None  # a value holds a newline: lines would not be records
@@ -479,6 +500,14 @@ class ColumnarPlan:
         filtered: dict[str, list[int]] = {}
         if self._transform is not None:  # the transforms' results, and the records they filtered
             by_field, filtered = self._transform.apply(by_field, fields, rejected, n)
+        return self._columns(by_field, fields, rejected, n, filtered)
+
+    def _columns(self, by_field: list[Sequence[Any]], fields: BatchFields, rejected: set[int], n: int,
+                 filtered: dict[str, list[int]]) -> ColumnarBatch | None:
+        """:meth:`build` from the documents' fields on (``by_field``: one sequence per decoded key, over
+        the batch; ``rejected``: the positions already left to the row mapper, added to here): the
+        columns checked, built and collapsed."""
+        pa, pc = self._pa, self._pc
         arrays = []
         # each key column's values as Python objects equal where the row mapper's values are (the
         # collapse's keys); None for the other columns
@@ -734,6 +763,41 @@ class BatchFields:
         if got is None:
             got = self._lists[name] = list(map(operator.attrgetter(name), self._records))
         return got
+
+
+def document_fields(documents: Callable[[Sequence[Record]], list[Any]], records: Sequence[Record],
+                    keys: Sequence[str]) -> tuple[list[Sequence[Any]], set[int]] | None:
+    """A non-JSON batch's documents as the plan reads them: per key of ``keys``, each record's value
+    of that top-level key (None where the document lacks it, as the row mapper's getter reads a missing
+    key), and the positions left to the row mapper: a record whose decode raised InvalidRecord (its
+    poison, which the row mapper decides again, identically), a document that is not a dict (the row
+    mapper's ``not an object``), and one holding a non-finite float in a key the columns read (JSON
+    never has one; the plan's conversions were proven on JSON's values only). None declines the
+    batch: ``documents`` raised anything else (a registry error: the row path handles it). Pure but
+    for ``documents``; never raises for any record content."""
+    try:
+        docs = documents(records)
+    except Exception:  # noqa: BLE001 - not a record's poison (InvalidRecord is returned, not raised)
+        return None
+    rejected: set[int] = set()
+    if not all(type(d) is dict for d in docs):
+        for i, d in enumerate(docs):
+            if type(d) is not dict:
+                rejected.add(i)
+        docs = [d if type(d) is dict else _NO_FIELDS for d in docs]
+    by_field: list[Sequence[Any]] = []
+    for key in keys:
+        column = [d.get(key) for d in docs]
+        if float in set(map(type, column)):
+            for i, v in enumerate(column):
+                if type(v) is float and not math.isfinite(v):
+                    rejected.add(i)
+        by_field.append(column)
+    return by_field, rejected
+
+
+#: a refused document's fields (every key missing)
+_NO_FIELDS: dict[str, Any] = {}
 
 
 def _doc_reader(j: int) -> Callable[[list[Sequence[Any]], BatchFields], Sequence[Any]]:

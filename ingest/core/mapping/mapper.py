@@ -184,7 +184,8 @@ class Mapper:
 
     __slots__ = ("column_names", "column_types", "_plan", "_needs_json", "_needs_object", "_key_getter", "_fast",
                  "_fast_doc", "_untyped", "_decoder", "_describe", "fast_misses", "_typed_misses", "_typed_offered",
-                 "_typed_reviewed_misses", "_columnar_source", "_columnar_why", "_sources", "_columnar_nested")
+                 "_typed_reviewed_misses", "_columnar_source", "_columnar_why", "_sources", "_columnar_nested",
+                 "_columnar_documents")
 
     def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None, *,
                  dialect: str | None = None, decoder: Decoder | None = None,
@@ -261,6 +262,9 @@ class Mapper:
         #: document paths of more than one key the columnar plan decodes: by column position, and the
         #: pipeline key's (position -1)
         self._columnar_nested: dict[int, tuple[str, ...]] = {}
+        #: a non-JSON format's batch decoder the columnar plan reads documents with (its ``decode_batch``,
+        #: when the decoder declares ``columnar_documents``), None for JSON
+        self._columnar_documents: Any = None
         self._sources = sources
         if keys is not None and loads is orjson.loads:  # JSON values, every $ source one key: the typed tier
             dialects = {dialect or getattr(spec, "dialect", "postgres") for spec in columns.values()}
@@ -273,6 +277,15 @@ class Mapper:
                                            misses=self._typed_misses)
         elif loads is not orjson.loads:
             self._columnar_why = "its values are not JSON documents"
+            if getattr(self._decoder, "columnar_documents", False):  # Avro: the plan reads its decoded documents
+                self._columnar_why = self._untyped_reason(fast_columns, key_path, key_doc_key, key_typed) \
+                    if keys is None else None
+                dialects = {dialect or getattr(spec, "dialect", "postgres") for spec in columns.values()}
+                if keys is not None and len(dialects) == 1:
+                    self._columnar_source = (fast_columns, keys, dialects.pop())
+                    self._columnar_documents = self._decoder.decode_batch
+                elif keys is not None:
+                    self._columnar_why = "its columns mix dialects"
         else:
             self._columnar_why = self._untyped_reason(fast_columns, key_path, key_doc_key, key_typed)
             nested = self._nested_paths(fast_columns, parsed, key_path)
@@ -323,7 +336,10 @@ class Mapper:
 
     def nested_refusal(self) -> str | None:
         """Why a plan with transforms cannot read these columns: the first column reading a nested path
-        (the steps' decoder reads top-level fields), or None."""
+        (the steps' decoder reads top-level fields), or None -- or that the values are not JSON (the
+        steps' decoder reads JSON)."""
+        if self._columnar_documents is not None:
+            return "with transforms the tier reads JSON values only"
         for position in sorted(self._columnar_nested):
             if position >= 0:
                 name = self.column_names[position]
@@ -383,10 +399,11 @@ class Mapper:
             kinds.append(staged)
         if version_index is not None and kinds[version_index].kind not in VERSION_KINDS:
             return None
-        if transform is not None and self._columnar_nested:  # the steps' decoder reads top-level fields
-            return None
+        if transform is not None and (self._columnar_nested or self._columnar_documents is not None):
+            return None  # the steps' decoder reads top-level fields of JSON values
         return ColumnarPlan(self.column_names, columns, kinds, keys, key_index, version_index, transform=transform,
-                            record_key_orders=self._key_getter is None, nested=self._columnar_nested)
+                            record_key_orders=self._key_getter is None, nested=self._columnar_nested,
+                            documents=self._columnar_documents)
 
     @property
     def typed(self) -> bool:
