@@ -3,8 +3,9 @@ broker, the registry stand-in over HTTP, real PostgreSQL.
 
 The same topic -- two writer schemas interleaved (a widened type, an added field with a default, a
 removed one), updates of 700 keys, and hostile values: truncated datums, bytes left over, an unknown
-schema id, no magic byte, garbage, values out of a column's range, a few records of a schema with
-logical types the tier does not stage -- run by ``ingest run`` with the tier on (the default) and
+schema id, no magic byte, garbage, values out of a column's range; decimals (nulls, half-way cases of
+the column's scale, which PostgreSQL rounds) and timestamp-micros, which the tier stages; a few records
+with a UUID for a text column, which it does not (their batches go by rows) -- run by ``ingest run`` with the tier on (the default) and
 off: identical tables, identical DLQ entries (partition, offset, stage, error class, message),
 offsets committed at the log end by both, and the tier stated (``write_tier: columnar``) and
 actually taking the records (``columnar_records``).
@@ -15,7 +16,8 @@ from __future__ import annotations
 import io
 import json
 import struct
-from datetime import datetime, timezone
+import uuid
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
 import psycopg
@@ -23,22 +25,28 @@ from fastavro import parse_schema, schemaless_writer
 from harness.kafka import produce
 from pipeline_helpers import run_pipeline_on_off
 
-TOPIC_FIELDS = [
+COMMON_FIELDS = [
     {"name": "id", "type": "long"},
     {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["NEW", "PAID", "SHIPPED"]}},
-    {"name": "amount", "type": "double"},
-    {"name": "ts", "type": "long"},
     {"name": "ratio", "type": "float"},
     {"name": "note", "type": ["null", "string"], "default": None},
 ]
-V1 = {"type": "record", "name": "Order", "namespace": "t",
-      "fields": [*TOPIC_FIELDS, {"name": "n", "type": "int"}, {"name": "flag", "type": "boolean"}]}
-V2 = {"type": "record", "name": "Order", "namespace": "t",
-      "fields": [*TOPIC_FIELDS, {"name": "n", "type": "long"}, {"name": "channel", "type": "string", "default": "web"}]}
-LOGICAL = {"type": "record", "name": "Order", "namespace": "t", "fields": [
-    {"name": "id", "type": "long"},
-    {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+#: epoch milliseconds and a double
+V1 = {"type": "record", "name": "Order", "namespace": "t", "fields": [
+    *COMMON_FIELDS, {"name": "amount", "type": "double"}, {"name": "ts", "type": "long"},
+    {"name": "n", "type": "int"}, {"name": "flag", "type": "boolean"}]}
+#: the logical types: a nullable decimal of a finer scale than the column's, timestamp-micros; ``n``
+#: widened, ``channel`` added with a default, ``flag`` removed
+V2 = {"type": "record", "name": "Order", "namespace": "t", "fields": [
+    *COMMON_FIELDS,
+    {"name": "amount", "type": ["null", {"type": "bytes", "logicalType": "decimal", "precision": 16, "scale": 5}]},
+    {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+    {"name": "n", "type": "long"}, {"name": "channel", "type": "string", "default": "web"}]}
+#: a logical type the tier does not stage (a UUID for a text column): its batches go by rows
+UUIDS = {"type": "record", "name": "Order", "namespace": "t", "fields": [
+    {"name": "id", "type": "long"}, {"name": "kind", "type": {"type": "string", "logicalType": "uuid"}},
     {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 COLUMNS = {
     "id": {"type": "bigint", "required": True},
@@ -63,12 +71,16 @@ def _stream(ids: dict[str, int]) -> list[tuple[bytes, bytes]]:
     out = []
     for i in range(3000):
         key = i % 700
-        common = {"id": key, "kind": ("NEW", "PAID", "SHIPPED")[i % 3], "amount": i / 7, "ts": 1_764_460_800_000 + i,
-                  "ratio": i / 9, "note": None if i % 4 else f"n\x01{i},\"q\""}
+        common = {"id": key, "kind": ("NEW", "PAID", "SHIPPED")[i % 3], "ratio": i / 9,
+                  "note": None if i % 4 else f"n\x01{i},\"q\""}
         if i % 3:
-            value = b"\x00" + struct.pack(">I", ids["v1"]) + _datum(V1, {**common, "n": i, "flag": i % 2 == 0})
-        else:
-            value = b"\x00" + struct.pack(">I", ids["v2"]) + _datum(V2, {**common, "n": i, "channel": f"c{i % 5}"})
+            value = b"\x00" + struct.pack(">I", ids["v1"]) + _datum(V1, {
+                **common, "amount": i / 7, "ts": 1_764_460_800_000 + i, "n": i, "flag": i % 2 == 0})
+        else:  # half-way cases of the column's scale (PostgreSQL rounds them), microseconds, nulls
+            amount = None if i % 11 == 0 else Decimal(i * 125 - 4000) / 100000
+            value = b"\x00" + struct.pack(">I", ids["v2"]) + _datum(V2, {
+                **common, "amount": amount, "ts": EPOCH + timedelta(microseconds=1_764_460_800_000_001 * (i % 2) - i),
+                "n": i, "channel": f"c{i % 5}"})
         if i % 97 == 5:
             value = value[:-3]  # truncated: schema_mismatch
         elif i % 131 == 7:
@@ -80,10 +92,11 @@ def _stream(ids: dict[str, int]) -> list[tuple[bytes, bytes]]:
         elif i % 173 == 13:
             value = b"\x00" + struct.pack(">I", ids["v1"]) + b"\xff\xff\xff"  # garbage
         elif i % 181 == 15:
-            value = b"\x00" + struct.pack(">I", ids["v2"]) + _datum(V2, {**common, "n": 2**40, "channel": "x"})  # out of range
+            value = b"\x00" + struct.pack(">I", ids["v2"]) + _datum(V2, {
+                **common, "amount": None, "ts": EPOCH, "n": 2**40, "channel": "x"})  # n out of range: poison
         elif i % 997 == 17:
-            value = b"\x00" + struct.pack(">I", ids["logical"]) + _datum(LOGICAL, {
-                "id": key, "amount": Decimal("12.34"), "ts": datetime(2026, 1, 2, 3, 4, 5, 6000, tzinfo=timezone.utc)})
+            value = b"\x00" + struct.pack(">I", ids["uuids"]) + _datum(UUIDS, {
+                "id": key, "kind": uuid.UUID(int=i), "ts": datetime(2026, 1, 2, 3, 4, 5, 6000, tzinfo=timezone.utc)})
         out.append((str(key).encode(), value))
     return out
 
@@ -97,7 +110,7 @@ def test_an_avro_run_on_the_columnar_tier_writes_and_dead_letters_what_the_row_p
         kafka_bootstrap, pg_dsn, new_topic, tmp_path, schema_registry):
     topic = new_topic(3)
     ids = {name: schema_registry.register(f"{topic}-value", json.dumps(schema))
-           for name, schema in (("v1", V1), ("v2", V2), ("logical", LOGICAL))}
+           for name, schema in (("v1", V1), ("v2", V2), ("uuids", UUIDS))}
     records = _stream(ids)
     assert produce(kafka_bootstrap, topic, records) == len(records)
     runs = {}
@@ -116,6 +129,6 @@ def test_an_avro_run_on_the_columnar_tier_writes_and_dead_letters_what_the_row_p
     assert col_stats["dead_lettered"] == rows_stats["dead_lettered"] == len(rows_dlq) > 60
     assert rows_stats["write_tier"] == "rows (columnar: false)" and rows_stats["columnar_records"] == 0
     assert col_stats["write_tier"] == "columnar"
-    # batches holding a logical-type record go by rows; the rest, poison and all, are written columnar
+    # batches holding a UUID go by rows; the rest, poison, decimals and timestamps and all, are written columnar
     assert len(records) // 2 <= col_stats["columnar_records"] < col_stats["records_consumed"] == len(records), col_stats
     assert {r[8] for r in rows} >= {"none", "c0"}  # v1's missing field: the column's default; v2's value

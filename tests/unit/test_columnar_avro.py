@@ -61,14 +61,20 @@ V2 = {"type": "record", "name": "Order", "namespace": "t", "fields": [
     {"name": "note", "type": ["null", "string"], "default": None},
     {"name": "channel", "type": "string", "default": "web"},
 ]}
-#: a schema whose fields the plan does not stage (logical types): its batches go by rows
+#: logical types the plan stages through the row mapper's coercer: a decimal, timestamps (and a
+#: nullable decimal, a union: Decimal or None)
 LOGICAL = {"type": "record", "name": "Order", "namespace": "t", "fields": [
     {"name": "id", "type": "long"},
     {"name": "n", "type": "int"},
-    {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+    {"name": "amount", "type": ["null", {"type": "bytes", "logicalType": "decimal", "precision": 14, "scale": 3}]},
+    {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+]}
+#: a logical type the plan does not stage (a UUID read into a text column): its batches go by rows
+UUIDS = {"type": "record", "name": "Order", "namespace": "t", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "kind", "type": {"type": "string", "logicalType": "uuid"}},
     {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
     {"name": "day", "type": {"type": "int", "logicalType": "date"}},
-    {"name": "ref", "type": {"type": "string", "logicalType": "uuid"}},
 ]}
 
 COLUMNS = {
@@ -93,7 +99,7 @@ def registry():
     stand_in = SchemaRegistryStandIn()
     try:
         ids = {name: stand_in.register(f"{TOPIC}-value", json.dumps(schema))
-               for name, schema in (("v1", V1), ("v2", V2), ("logical", LOGICAL))}
+               for name, schema in (("v1", V1), ("v2", V2), ("logical", LOGICAL), ("uuids", UUIDS))}
         yield stand_in, ids
     finally:
         stand_in.stop()
@@ -182,12 +188,21 @@ v2_docs = st.fixed_dictionaries({
     "ratio": st.floats(width=32, allow_nan=False), "note": st.none() | texts, "channel": texts})
 
 
+logical_docs = st.fixed_dictionaries({
+    "id": st.integers(min_value=0, max_value=6), "n": st.integers(min_value=-5, max_value=5),
+    "amount": st.none() | st.decimals(min_value=-(10**11), max_value=10**11, places=3, allow_nan=False)
+    | st.sampled_from([Decimal("-0.000"), Decimal("0.005"), Decimal("-0.015"), Decimal("99999999999.995")]),
+    "ts": st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31), timezones=st.just(timezone.utc))
+    | st.sampled_from([datetime(1685, 1, 1, tzinfo=timezone.utc), datetime(2255, 12, 31, tzinfo=timezone.utc)])})
+
+
 @st.composite
 def values(draw: st.DrawFn, ids: dict[str, int]) -> bytes:
-    kind = draw(st.sampled_from(["v1"] * 5 + ["v2"] * 4 + ["truncated", "extra", "unknown", "garbage", "magic",
-                                                             "short"]))
-    if kind in ("v1", "v2"):
-        return _framed(ids[kind], _datum(V1 if kind == "v1" else V2, draw(v1_docs if kind == "v1" else v2_docs)))
+    kind = draw(st.sampled_from(["v1"] * 5 + ["v2"] * 4 + ["logical"] * 3 + ["truncated", "extra", "unknown",
+                                                                             "garbage", "magic", "short"]))
+    if kind in ("v1", "v2", "logical"):
+        schema, docs = {"v1": (V1, v1_docs), "v2": (V2, v2_docs), "logical": (LOGICAL, logical_docs)}[kind]
+        return _framed(ids[kind], _datum(schema, draw(docs)))
     datum = _datum(V1, draw(v1_docs))
     if kind == "truncated":
         return _framed(ids["v1"], datum[:draw(st.integers(min_value=0, max_value=len(datum) - 1))])
@@ -260,16 +275,33 @@ def test_a_clean_batch_of_two_writer_schemas_is_taken_whole(parts):
     assert rows[0]["channel"] == "none"  # a v1 record: no such field, the column's default
 
 
-def test_logical_types_send_the_batch_to_the_row_path(parts):
+def test_decimals_and_timestamps_are_taken_as_the_row_mapper_coerces_them(parts):
     ids, decoder, mapper, rule, plan = parts
-    doc = {"id": 1, "n": 2, "amount": Decimal("12.34"), "ts": datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=timezone.utc),
-           "day": date(2026, 2, 28), "ref": uuid.uuid4()}
-    records = _records([_framed(ids["logical"], _datum(LOGICAL, doc))])
+    docs = [{"id": 1, "n": 2, "amount": Decimal("12.345"), "ts": datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc)},
+            {"id": 2, "n": 2, "amount": None, "ts": datetime(1970, 1, 1, tzinfo=timezone.utc)},
+            {"id": 3, "n": 2, "amount": Decimal("-0.005"), "ts": datetime(1969, 12, 31, 23, 59, 59, 999999,
+                                                                          tzinfo=timezone.utc)}]
+    records = _records([_framed(ids["logical"], _datum(LOGICAL, d)) for d in docs])
     decoder.prepare(records)
     built = plan.build(records)
-    assert built is not None and built.rejected == [0]  # a datetime and a Decimal: only the row mapper's
+    assert built is not None and built.rejected == []
+    rows = {row["id"]: row for row in built.table.to_pylist()}
+    assert rows[1]["amount"] == "12.345" and rows[3]["amount"] == "-0.005" and rows[2]["amount"] is None
+    assert [rows[i]["ts"] for i in (1, 2, 3)] == [1_767_323_045_678_901, 0, -1]
+    expected, _ = _row_path(mapper, rule, records)
+    assert {row["id"]: _as_database_would(row) for row in rows.values()} == {
+        k: _as_row_path_would(v) for k, v in expected.items()}
+
+
+def test_a_logical_type_the_plan_does_not_stage_sends_the_batch_to_the_row_path(parts):
+    ids, decoder, mapper, rule, plan = parts
+    doc = {"id": 1, "kind": uuid.uuid4(), "ts": datetime(2026, 1, 2, tzinfo=timezone.utc), "day": date(2026, 2, 28)}
+    records = _records([_framed(ids["uuids"], _datum(UUIDS, doc))])
+    decoder.prepare(records)
+    built = plan.build(records)
+    assert built is not None and built.rejected == [0]  # a UUID for a text column: only the row mapper's
     row, _ = mapper.map(records[0])  # ... which maps it: the tier writes the batch by rows
-    assert row[COLUMNS_INDEX["amount"]] == Decimal("12.34")
+    assert row[COLUMNS_INDEX["kind"]] == str(doc["kind"])
     tier = ColumnarTier("p", plan, lambda table: table, lambda payload, token=None: None, mapper.map)
     assert tier.build([Item(records[0], None, None, 0, 1)]) is None
 

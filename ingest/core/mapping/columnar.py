@@ -331,6 +331,10 @@ class ColumnarPlan:
                 reader = _field_reader(name)
                 typed = python_type in _STAGED_TYPES[staged.kind]
             self._readers.append((reader, staged, col.required, typed))
+        #: per column, with ``documents``: the row mapper's coercer where the plan stages a typed format's
+        #: logical-type values through it (:func:`_precoerced`: Decimal → numeric, datetime → timestamps)
+        self._coercers = [col.coerce if documents is not None and staged.kind in _PRECOERCED else None
+                          for col, staged in zip(columns, kinds, strict=True)]
         self._key_index = key_index
         self._version_index = version_index
         self._init_routing(columns, kinds, key_index, record_key_orders)
@@ -516,6 +520,12 @@ class ColumnarPlan:
         for i, (reader, staged, required, typed) in enumerate(self._readers):
             kind = staged.kind
             column = reader(by_field, fields)
+            coerce = self._coercers[i]
+            if coerce is not None and _PRECOERCED[kind] in set(map(type, column)):
+                column, unfit = _precoerced(column, kind, coerce)
+                if unfit is not None:
+                    mask = pa.array(unfit)
+                    bad = mask if bad is None else pc.or_(bad, mask)
             types = None
             if not typed:
                 types = set(map(type, column))
@@ -884,11 +894,69 @@ _ARROW_TYPE: dict[str, Callable[[Any], Any]] = {
 # values it keeps, the stage converted by the upsert holds exactly what the row mapper's coercer
 # (coerce_pg) returns for them.
 
+class Digits(str):
+    """A numeric value the row mapper's coercer returned (a Decimal), as its exact text: what the plan
+    stages for a typed format's ``decimal`` (:func:`_precoerced`). A type of its own, so that text a
+    document holds (which only the row mapper parses) is never taken for it."""
+
+    __slots__ = ()
+
+
+class Micros(int):
+    """A timestamp the row mapper's coercer returned (a datetime), as microseconds since the epoch of
+    its column (aware: UTC; naive: its wall clock): what the plan stages for a typed format's
+    ``timestamp-*`` values (:func:`_precoerced`). A type of its own: an int a document holds is epoch
+    milliseconds."""
+
+    __slots__ = ()
+
+
+_STAGED_TYPES["numeric"] = _STAGED_TYPES["numeric"] | {Digits}
+_STAGED_TYPES["timestamp"] = _STAGED_TYPES["timestamp"] | {Micros}
+
+#: The kinds whose values of a typed format's logical types go through the row mapper's coercer, and
+#: the Python type of those values (fastavro's ``decimal`` and ``timestamp-*``).
+_PRECOERCED: dict[str, type] = {"numeric": Decimal, "timestamp": datetime}
+
+
+def _precoerced(column: Sequence[Any], kind: str, coerce: Callable[[Any], Any]) -> tuple[list[Any], list[bool] | None]:
+    """``column`` with each value of :data:`_PRECOERCED`'s type for ``kind`` replaced by what the row
+    mapper's own ``coerce`` makes of it, staged exactly: a Decimal as :class:`Digits` (its ``str``,
+    which PostgreSQL reads as the same number), a datetime as :class:`Micros`; and the mask of the
+    values ``coerce`` refused (set to None: the row mapper decides them), None when it refused none.
+    Other values are left as they are (checked by type as always)."""
+    foreign = _PRECOERCED[kind]
+    out = list(column)
+    unfit: list[bool] | None = None
+    for i, v in enumerate(out):
+        if type(v) is not foreign:
+            continue
+        try:
+            c = coerce(v)
+            if kind == "numeric":
+                if type(c) is not Decimal or not c.is_finite():
+                    raise ValueError(c)
+                out[i] = Digits(c)
+            else:
+                if type(c) is not datetime:
+                    raise ValueError(c)
+                out[i] = Micros((c - (_EPOCH_NAIVE if c.tzinfo is None else _EPOCH_AWARE)) // _US)
+        except Exception:  # noqa: BLE001 - the row mapper's failure (poison, or its business): it decides
+            out[i] = None
+            if unfit is None:
+                unfit = [False] * len(out)
+            unfit[i] = True
+    return out, unfit
+
+
 def _number_text(v: Any) -> bytes | None:
     """A JSON number's text as ``float_decimal`` reads it (orjson's shortest digits of a float, an
-    int's digits): ``b"null"`` for a float that is not finite (orjson writes those so)."""
+    int's digits): ``b"null"`` for a float that is not finite (orjson writes those so); a
+    :class:`Digits` as its text."""
     if v is None:
         return None
+    if type(v) is Digits:
+        return v.encode()
     try:
         return orjson.dumps(v)
     except TypeError:  # an integer beyond 64 bits (the decoder refuses those): the row mapper's
@@ -900,7 +968,7 @@ def _numeric_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColumn
     digits -- cast by the upsert to the column's type. Floats alone, into a ``numeric(p,s)`` column,
     go as a float64 array (Arrow's CSV writer writes the same shortest digits, and the scale is the
     column's); otherwise as that text."""
-    if not staged.as_text and int not in types:
+    if not staged.as_text and int not in types and Digits not in types:
         array = pa.array(column, type=pa.float64())
         return array, pc.invert(pc.is_finite(array))
     texts = list(map(_number_text, column))
@@ -933,6 +1001,12 @@ def _timestamp_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColu
     datetime stands for -- epoch milliseconds times 1000, ISO 8601 text parsed by the very
     ``datetime.fromisoformat`` it calls (text without a zone is UTC, a zone's offset is subtracted to
     the microsecond). The range check (``lo``/``hi``) rejects what lies beyond :data:`PG_US_MAX`."""
+    if Micros in types:  # a typed format's datetimes, as the row mapper coerced them (maybe beside ints)
+        if int in types:  # epoch milliseconds beside them: their microseconds, as Micros (not multiplied below)
+            column = [Micros(max(min(v, _MS_CLIP), -_MS_CLIP) * 1000) if type(v) is int else v for v in column]
+        if str not in types:
+            return pa.array(column, type=pa.int64()), None
+        types = types - {int}
     if str not in types:
         ms = pa.array(column, type=pa.int64())
         return pc.multiply(pc.max_element_wise(pc.min_element_wise(ms, _MS_CLIP, skip_nulls=False), -_MS_CLIP,
@@ -944,7 +1018,7 @@ def _timestamp_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColu
     offsets = [None if d is None else d.utcoffset() for d in parsed]
     us = pc.subtract(pa.array(walls, type=pa.timestamp("us")).cast(pa.int64()),
                      pc.fill_null(pa.array(offsets, type=pa.duration("us")).cast(pa.int64()), 0)).to_pylist()
-    out: list[Any] = list(column) if int in types else [None] * n
+    out: list[Any] = list(column) if int in types or Micros in types else [None] * n
     if int in types:
         for i, v in enumerate(out):
             if type(v) is int:
