@@ -190,7 +190,7 @@ v2_docs = st.fixed_dictionaries({
 
 logical_docs = st.fixed_dictionaries({
     "id": st.integers(min_value=0, max_value=6), "n": st.integers(min_value=-5, max_value=5),
-    "amount": st.none() | st.decimals(min_value=-(10**11), max_value=10**11, places=3, allow_nan=False)
+    "amount": st.none() | st.decimals(min_value=-(10**11) + 1, max_value=10**11 - 1, places=3, allow_nan=False)
     | st.sampled_from([Decimal("-0.000"), Decimal("0.005"), Decimal("-0.015"), Decimal("99999999999.995")]),
     "ts": st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31), timezones=st.just(timezone.utc))
     | st.sampled_from([datetime(1685, 1, 1, tzinfo=timezone.utc), datetime(2255, 12, 31, tzinfo=timezone.utc)])})

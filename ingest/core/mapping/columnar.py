@@ -522,7 +522,7 @@ class ColumnarPlan:
             column = reader(by_field, fields)
             coerce = self._coercers[i]
             if coerce is not None and _PRECOERCED[kind] in set(map(type, column)):
-                column, unfit = _precoerced(column, kind, coerce)
+                column, unfit = _precoerced(column, kind, coerce, staged.aware)
                 if unfit is not None:
                     mask = pa.array(unfit)
                     bad = mask if bad is None else pc.or_(bad, mask)
@@ -919,13 +919,23 @@ _STAGED_TYPES["timestamp"] = _STAGED_TYPES["timestamp"] | {Micros}
 _PRECOERCED: dict[str, type] = {"numeric": Decimal, "timestamp": datetime}
 
 
-def _precoerced(column: Sequence[Any], kind: str, coerce: Callable[[Any], Any]) -> tuple[list[Any], list[bool] | None]:
+def _precoerced(column: Sequence[Any], kind: str, coerce: Callable[[Any], Any],
+                aware: bool = False) -> tuple[list[Any], list[bool] | None]:
     """``column`` with each value of :data:`_PRECOERCED`'s type for ``kind`` replaced by what the row
     mapper's own ``coerce`` makes of it, staged exactly: a Decimal as :class:`Digits` (its ``str``,
-    which PostgreSQL reads as the same number), a datetime as :class:`Micros`; and the mask of the
+    which PostgreSQL reads as the same number), a datetime as :class:`Micros` (since the epoch of its
+    own zone: ``aware`` says which the column's coercer returns); and the mask of the
     values ``coerce`` refused (set to None: the row mapper decides them), None when it refused none.
     Other values are left as they are (checked by type as always)."""
     foreign = _PRECOERCED[kind]
+    try:  # the common case, in one comprehension: every value coerces (and a timestamp column's are all aware,
+        # or all naive); any exception: value by value below
+        if kind == "numeric":
+            return [_digits(coerce(v)) if type(v) is foreign else v for v in column], None
+        epoch = _EPOCH_AWARE if aware else _EPOCH_NAIVE  # what the column's coercer returns (else: below)
+        return [Micros((coerce(v) - epoch) // _US) if type(v) is foreign else v for v in column], None
+    except Exception:  # noqa: BLE001 - some value the coercer refuses (or a mix of aware and naive): below
+        pass
     out = list(column)
     unfit: list[bool] | None = None
     for i, v in enumerate(out):
@@ -947,6 +957,13 @@ def _precoerced(column: Sequence[Any], kind: str, coerce: Callable[[Any], Any]) 
                 unfit = [False] * len(out)
             unfit[i] = True
     return out, unfit
+
+
+def _digits(c: Any) -> Digits:
+    """A numeric coercer's result as :class:`Digits`; ValueError for anything but a finite Decimal."""
+    if type(c) is not Decimal or not c.is_finite():
+        raise ValueError(c)
+    return Digits(c)
 
 
 def _number_text(v: Any) -> bytes | None:
