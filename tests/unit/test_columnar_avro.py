@@ -351,3 +351,103 @@ def test_a_truncated_datum_is_dead_lettered_with_the_same_message_every_time(par
             mapper.map(record)
         messages.add(info.value.message)
     assert len(messages) == 1 and " at 0x" not in messages.pop()
+
+
+# -- the batch reader (ingest.formats.avro_batch) against fastavro per datum ---------------------------
+
+ALL_TYPES = {"type": "record", "name": "All", "namespace": "t", "fields": [
+    {"name": "l", "type": "long"}, {"name": "i", "type": "int"}, {"name": "s", "type": "string"},
+    {"name": "b", "type": "bytes"}, {"name": "f", "type": "float"}, {"name": "d", "type": "double"},
+    {"name": "t", "type": "boolean"}, {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B"]}},
+    {"name": "n", "type": "null"}, {"name": "o", "type": ["null", "long"]}, {"name": "r", "type": ["string", "null"]},
+    {"name": "dec", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 3}},
+    {"name": "ms", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    {"name": "lus", "type": {"type": "long", "logicalType": "local-timestamp-micros"}},
+    {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+    {"name": "u", "type": {"type": "string", "logicalType": "uuid"}},
+]}
+ALL_PARSED = parse_schema(ALL_TYPES)
+all_docs = st.fixed_dictionaries({
+    "l": st.integers(min_value=-(2**63), max_value=2**63 - 1), "i": st.integers(min_value=-(2**31), max_value=2**31 - 1),
+    "s": st.text(max_size=5), "b": st.binary(max_size=5), "f": st.floats(width=32), "d": st.floats(),
+    "t": st.booleans(), "e": st.sampled_from(["A", "B"]), "n": st.none(), "o": st.none() | st.integers(min_value=-(2**40), max_value=2**40),
+    "r": st.none() | st.text(max_size=3),
+    "dec": st.decimals(min_value=-999999, max_value=999999, places=3, allow_nan=False),
+    "ms": st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(timezone.utc))
+    .map(lambda d: d.replace(microsecond=d.microsecond // 1000 * 1000)),
+    "lus": st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30)),
+    "day": st.dates(), "u": st.uuids()})
+
+
+@st.composite
+def hostile_datums(draw: st.DrawFn) -> bytes:
+    datum = _datum(ALL_TYPES, draw(all_docs))
+    how = draw(st.sampled_from(["clean"] * 4 + ["cut", "extra", "flip", "garbage", "overlong"]))
+    if how == "clean":
+        return datum
+    if how == "cut":
+        return datum[:draw(st.integers(min_value=0, max_value=len(datum) - 1))]
+    if how == "extra":
+        return datum + draw(st.binary(min_size=1, max_size=4))
+    if how == "flip":
+        at = draw(st.integers(min_value=0, max_value=len(datum) - 1))
+        return datum[:at] + bytes([draw(st.integers(min_value=0, max_value=255))]) + datum[at + 1:]
+    if how == "overlong":  # the first long as an overlong varint (fastavro reads it; the batch reader defers)
+        return b"\x80" * draw(st.integers(min_value=1, max_value=9)) + b"\x00" + datum[1:]
+    return draw(st.binary(max_size=40))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(hostile_datums(), min_size=1, max_size=12))
+def test_the_batch_reader_gives_fastavros_values_or_leaves_the_datum_to_it(datums):
+    """Every datum the batch reader does not doubt decodes with fastavro, to exactly its values (types
+    included); a datum fastavro refuses is always doubted. Framed as the wire format (offset 5)."""
+    from fastavro import schemaless_reader
+
+    from ingest.formats.avro_batch import compile_batch, read_fields
+
+    reader = compile_batch(ALL_PARSED)
+    assert reader is not None
+    fields, bad = read_fields(reader, [b"\x00\x00\x00\x00\x01" + d for d in datums], 5)
+    for j, datum in enumerate(datums):
+        buf = io.BytesIO(datum)
+        try:
+            doc = schemaless_reader(buf, ALL_PARSED, None)
+            ok = buf.tell() == len(datum)
+        except Exception:  # noqa: BLE001
+            ok = False
+        if not ok:
+            assert bad[j], datum
+            continue
+        if bad[j]:
+            BATCH_READ["doubted"] += 1  # allowed (fastavro decides), but should be rare for clean datums
+            continue
+        BATCH_READ["read"] += 1
+        got = {name: values[j] for name, values in fields.items()}
+        assert list(got) == list(doc), datum
+        for name, v in doc.items():  # equal values of the same types (a NaN: a NaN)
+            assert type(got[name]) is type(v) and (got[name] == v or (v != v and got[name] != got[name])), (name, datum)
+
+
+BATCH_READ = {"read": 0, "doubted": 0}
+
+
+def test_the_batch_reader_read_most_clean_datums_itself():
+    assert BATCH_READ["read"] >= 300 and BATCH_READ["doubted"] <= BATCH_READ["read"] // 5, BATCH_READ
+
+
+def test_the_plan_reads_clean_batches_with_the_batch_reader(parts, monkeypatch):
+    ids, decoder, mapper, rule, plan = parts
+    docs = [{"id": i % 4, "n": i, "kind": "NEW", "amount": i / 8, "ts": i, "ratio": 0.5, "flag": True, "note": None}
+            for i in range(20)]
+    records = _records([_framed(ids["v1"], _datum(V1, d)) for d in docs]
+                       + [_framed(ids["logical"], _datum(LOGICAL, {"id": 9, "n": 1, "amount": Decimal("1.5"),
+                                                                   "ts": datetime(2026, 1, 1, tzinfo=timezone.utc)}))])
+    decoder.prepare(records)
+    calls = []
+    monkeypatch.setattr(decoder, "decode", lambda record: calls.append(record) or AvroDecoder.decode(decoder, record))
+    built = plan.build(records)
+    assert built is not None and built.rejected == [] and calls == []  # no record decoded one by one
+    expected, _ = _row_path(mapper, rule, records)
+    assert {row["id"]: _as_database_would(row) for row in built.table.to_pylist()} == {
+        k: _as_row_path_would(v) for k, v in expected.items()}

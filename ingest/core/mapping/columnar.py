@@ -255,7 +255,8 @@ class ColumnarPlan:
                  keys: Sequence[str], key_index: tuple[int, ...] | None, version_index: int | None = None,
                  transform: Any = None, record_key_orders: bool = True,
                  nested: dict[int, tuple[str, ...]] | None = None,
-                 documents: Callable[[Sequence[Record]], list[Any]] | None = None) -> None:
+                 documents: Callable[[Sequence[Record], Sequence[str]], tuple[list[Sequence[Any]], set[int]]]
+                 | None = None) -> None:
         """``transform``: the pipeline's transforms compiled for the tier
         (:class:`ingest.core.transforms.columnar.ColumnarTransform`): the batch is decoded by its
         decoder and the columns read its results (``keys``: the document keys after the steps; no
@@ -268,9 +269,10 @@ class ColumnarPlan:
         decoded as an object of the next keys (:func:`_nested_struct`), and such a column reads its
         path, None where any step is missing or null (an object where a value is wanted, or a value
         where an object is, is refused by the decoder: the row mapper decides). ``documents``: the batch's
-        values are not JSON: ``documents(records)`` is the pipeline decoder's own ``decode_batch`` (each
-        record's document, or the InvalidRecord its decode raises: the row mapper's documents, exactly),
-        and the columns read its top-level keys (:func:`document_fields`); no ``transform`` or
+        values are not JSON: ``documents(records, keys)`` gives each key's values over the batch and the
+        records the decoder refused, exactly as the pipeline's decoder gives the row mapper its documents
+        (the Avro decoder's ``decode_fields``, or :func:`document_fields` of a ``decode_batch``), and the
+        columns read those top-level keys; no ``transform`` or
         ``nested`` then, and every column's values are type-checked (nothing is known of them)."""
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -478,10 +480,11 @@ class ColumnarPlan:
         if None in values or fields("origin").count(None) != n:
             return None  # tombstones and republished records: the row path
         if self._documents is not None:  # a typed format's documents (Avro): decoded by its own decoder
-            got = document_fields(self._documents, records, self._keys)
-            if got is None:
+            try:
+                by_field, rejected = self._documents(records, self._keys)
+            except Exception:  # noqa: BLE001 - not a record's poison (a registry error): the row path handles it
                 return None
-            by_field, rejected = got
+            _reject_non_finite(by_field, rejected)
             return self._columns(by_field, fields, rejected, n, {})
         joined = b"\n".join(values)
         if joined.count(b"\n") != n - 1:
@@ -776,34 +779,31 @@ class BatchFields:
 
 
 def document_fields(documents: Callable[[Sequence[Record]], list[Any]], records: Sequence[Record],
-                    keys: Sequence[str]) -> tuple[list[Sequence[Any]], set[int]] | None:
-    """A non-JSON batch's documents as the plan reads them: per key of ``keys``, each record's value
-    of that top-level key (None where the document lacks it, as the row mapper's getter reads a missing
-    key), and the positions left to the row mapper: a record whose decode raised InvalidRecord (its
-    poison, which the row mapper decides again, identically), a document that is not a dict (the row
-    mapper's ``not an object``), and one holding a non-finite float in a key the columns read (JSON
-    never has one; the plan's conversions were proven on JSON's values only). None declines the
-    batch: ``documents`` raised anything else (a registry error: the row path handles it). Pure but
-    for ``documents``; never raises for any record content."""
-    try:
-        docs = documents(records)
-    except Exception:  # noqa: BLE001 - not a record's poison (InvalidRecord is returned, not raised)
-        return None
+                    keys: Sequence[str]) -> tuple[list[Sequence[Any]], set[int]]:
+    """A non-JSON batch's documents as the plan reads them, from ``documents`` (a decoder's
+    ``decode_batch``): per key of ``keys``, each record's value of that top-level key (None where the
+    document lacks it, as the row mapper's getter reads a missing key), and the positions left to the
+    row mapper: a record whose decode raised InvalidRecord (its poison, which the row mapper decides
+    again, identically) and a document that is not a dict (the row mapper's ``not an object``).
+    Raises what ``documents`` raises (a registry error: the plan declines the batch)."""
+    docs = documents(records)
     rejected: set[int] = set()
     if not all(type(d) is dict for d in docs):
         for i, d in enumerate(docs):
             if type(d) is not dict:
                 rejected.add(i)
         docs = [d if type(d) is dict else _NO_FIELDS for d in docs]
-    by_field: list[Sequence[Any]] = []
-    for key in keys:
-        column = [d.get(key) for d in docs]
+    return [[d.get(key) for d in docs] for key in keys], rejected
+
+
+def _reject_non_finite(by_field: list[Sequence[Any]], rejected: set[int]) -> None:
+    """Add to ``rejected`` the records holding a non-finite float in a read field: JSON never has one,
+    and the plan's conversions were proven on JSON's values only (the row mapper decides them)."""
+    for column in by_field:
         if float in set(map(type, column)):
             for i, v in enumerate(column):
                 if type(v) is float and not math.isfinite(v):
                     rejected.add(i)
-        by_field.append(column)
-    return by_field, rejected
 
 
 #: a refused document's fields (every key missing)

@@ -55,6 +55,7 @@ parsed exactly.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -65,7 +66,7 @@ from ingest.config.base import ColumnSpec
 from ingest.core.dialects import ch_type, pg_base_type
 from ingest.core.mapping.coerce_ch import _ch_coercer, _ch_inline
 from ingest.core.mapping.coerce_pg import _coercer_for, _pg_inline
-from ingest.core.mapping.columnar import VERSION_KINDS, ColumnarPlan, ch_staged, pg_staged
+from ingest.core.mapping.columnar import VERSION_KINDS, ColumnarPlan, ch_staged, document_fields, pg_staged
 from ingest.core.mapping.common import (
     Coercer,
     Getter,
@@ -283,7 +284,9 @@ class Mapper:
                 dialects = {dialect or getattr(spec, "dialect", "postgres") for spec in columns.values()}
                 if keys is not None and len(dialects) == 1:
                     self._columnar_source = (fast_columns, keys, dialects.pop())
-                    self._columnar_documents = self._decoder.decode_batch
+                    fields_of = getattr(self._decoder, "decode_fields", None)
+                    self._columnar_documents = fields_of if fields_of is not None else functools.partial(
+                        document_fields, self._decoder.decode_batch)
                 elif keys is not None:
                     self._columnar_why = "its columns mix dialects"
         else:
