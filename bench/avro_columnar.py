@@ -10,8 +10,11 @@ Decoders of one batch of one writer schema (the candidates of issue #38):
 
   fastavro per record       ingest's decoder (``AvroDecoder.decode_batch``: wire format, schema
                             cache, fastavro's schemaless_reader per datum, leftover check): what the
-                            row path and, since this change, the columnar plan read
+                            row path reads
   + pa.Table.from_pylist    the same, then the documents into Arrow columns
+  batch reader              what the tier reads since this change (``AvroDecoder.decode_fields``: the
+                            datums of one schema field by field over the batch, each within its own
+                            bytes; ingest/formats/avro_batch.py), every field of the record
   fastavro one OCF block    the datums framed as one Avro object-container block (header with the
                             writer schema, one block: count, size, the datums, sync marker) read by
                             ``fastavro.reader``: datum boundaries are lost (see the README), measured
@@ -48,6 +51,7 @@ from ingest.config import PipelineSettings  # noqa: E402
 from ingest.config.formats import SchemaRegistrySettings  # noqa: E402
 from ingest.core.mapping import Mapper  # noqa: E402
 from ingest.formats.avro import AvroDecoder  # noqa: E402
+from ingest.tuning import tune_for_throughput  # noqa: E402
 from ingest.types import Record  # noqa: E402
 
 
@@ -82,6 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args(argv)
     n = args.batch * args.batches
+    tune_for_throughput()  # the interpreter settings of `ingest run` (its garbage collector's thresholds)
     registry = SchemaRegistryStandIn()
     try:
         run(registry, args, n)
@@ -123,6 +128,10 @@ def run(registry: SchemaRegistryStandIn, args: argparse.Namespace, n: int) -> No
     # every candidate must give the same documents before it is timed
     per_record = decoder.decode_batch(avro_records[batches[0]])
     assert list(ocf_reader(io.BytesIO(blocks[0]))) == per_record
+    # the batch reader reads the fields the plan reads, as fastavro does, and doubts no clean datum
+    keys_read = list(per_record[0])
+    by_field, refused = decoder.decode_fields(avro_records[batches[0]], keys_read)
+    assert not refused and [dict(zip(keys_read, vs)) for vs in zip(*by_field)] == per_record
     # the plan of the Avro batch writes what the row path writes (the tests hold it to that; here a check
     # that it takes the bench record whole)
     built = avro_plan.build(avro_records[batches[0]])
@@ -133,6 +142,8 @@ def run(registry: SchemaRegistryStandIn, args: argparse.Namespace, n: int) -> No
         "decode: fastavro per record + pa.Table.from_pylist": lambda: [
             pa.Table.from_pylist(decoder.decode_batch(avro_records[s])) for s in batches],
         "decode: fastavro one OCF block": lambda: [list(ocf_reader(io.BytesIO(b))) for b in blocks],
+        "decode: batch reader (AvroDecoder.decode_fields)": lambda: [
+            decoder.decode_fields(avro_records[s], list(keys_read)) for s in batches],
     }
     if polars is not None:
         candidates["decode: polars read_avro one OCF block"] = lambda: [
