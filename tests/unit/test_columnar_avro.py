@@ -324,9 +324,11 @@ def test_an_avro_pipeline_states_the_columnar_tier_and_why_not_where_it_cannot(r
         def use_columnar(self, columns):
             pass
 
-    def tier(p):
-        return write_tier(p, Sink(), columnar_capable=True, exactly_once=False,
+    def tier(p, exactly_once=False):
+        return write_tier(p, Sink(), columnar_capable=True, exactly_once=exactly_once,
                           mapper=lambda: Mapper(p.sink.columns, decoder=decoder_of(p)))
+
+    assert tier(_pipeline(stand_in.url), exactly_once=True) == "rows (Avro values with exactly-once delivery write by rows)"
 
     assert tier(_pipeline(stand_in.url)) == "columnar"
     assert tier(_pipeline(stand_in.url, lanes=2)).startswith("rows (lanes: 2 route by the mapped row's key: its key "

@@ -118,6 +118,13 @@ def _column_type(spec: ColumnSpec, dialect: str | None) -> tuple[str, str, Coerc
     return base, full, _coercer_for(base), _pg_inline(base), spec.required, None
 
 
+def column_coercer(spec: ColumnSpec, dialect: str) -> tuple[Coercer, bool]:
+    """``(coercer, required)`` of a column of ``spec``'s type in ``dialect`` (``columns: auto``, which
+    coerces each value exactly as a column of that type written by hand would)."""
+    _base, _full, coerce, _inline, required, _default = _column_type(spec, dialect)
+    return coerce, required
+
+
 def _compile_column(name: str, spec: ColumnSpec, dialect: str | None, source: str,
                     parsed: Mapping[str, Any], needs_object: bool,
                     key_decoder: Decoder | None) -> tuple[tuple[Any, ...], FastColumn, str]:

@@ -4,7 +4,7 @@ One transaction per batch, two statements: the table's columns are written as CS
 C writer (:func:`csv_bytes`, on whichever thread plans the batch) and sent in one
 ``COPY ... FROM STDIN (FORMAT csv)`` into a temporary stage, then one
 ``INSERT ... SELECT ... ORDER BY <key> ON CONFLICT`` applies them with the table's own conflict clause (the
-one the row path uses: :meth:`UpsertStatements._conflict_clause`). The stage is
+one the row path uses, guards included: :meth:`UpsertStatements._conflict_clause`). The stage is
 ``ON COMMIT DELETE ROWS``: the commit (or a rollback) empties it by truncation, so no ``DELETE``
 runs and no dead rows pile up in a table that autovacuum never visits (temporary tables are
 not vacuumed; a ``DELETE`` per batch made each later ``DELETE`` and upsert scan more pages).
@@ -73,7 +73,7 @@ class ColumnarStatements:
                 selects.append(sql.SQL("{} + {} * interval '1 microsecond'").format(epoch, ident(c.name)))
             else:
                 selects.append(ident(c.name))
-        conflict = UpsertStatements._conflict_clause(cfg, target, sql.SQL(""))
+        conflict = UpsertStatements._conflict_clause(cfg)
         self.upsert = sql.SQL("INSERT INTO {t} AS t ({names}) SELECT {sel} FROM {stage}{order}{conflict}").format(
             t=target, names=names, sel=sql.SQL(", ").join(selects), stage=stage, conflict=conflict,
             order=UpsertStatements.key_order(cfg))
