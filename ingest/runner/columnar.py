@@ -303,8 +303,12 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
         # Lane offsets hold only under one routing: the tier may route a poison record by its key column,
         # the row path by its Kafka key, so a restart on the other tier could skip it as written.
         why = "exactly-once delivery with lanes above 1 into a table with a conflict key writes by rows"
-    elif p.format != "json" or p.envelope != "none":
-        why = "it reads plain JSON values only"
+    elif p.format not in ("json", "avro") or p.envelope != "none":
+        why = "it reads plain JSON or Avro values only"
+    elif p.format == "avro" and p.sink.kind != "postgres":
+        why = "Avro values go columnar into PostgreSQL only"
+    elif p.format == "avro" and exactly_once:
+        why = "Avro values with exactly-once delivery write by rows"
     elif p.has_deletes:
         why = "a pipeline whose records delete writes by rows"
     elif rule.key_index is not None and (rule.keep != "last" or rule.merge_deletes):
@@ -319,7 +323,7 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
         return row_mapper.columnar_refusal(rule.key_index, rule.version_index) or "its columns cannot be staged", \
             None, None
     if p.routes_tables and (exactly_once or p.has_deletes or p.envelope != "none" or p.auto_columns
-                            or p.sink.kind != "postgres"):
+                            or p.sink.kind != "postgres" or p.format != "json"):
         return ("a pipeline routing to many tables has the tier for plain JSON rows into PostgreSQL at least "
                 "once, without deletes and with listed columns"), None, None
     if p.lanes != 1 and plan.route_refusal is not None:
