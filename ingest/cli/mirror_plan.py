@@ -1,11 +1,12 @@
 """What ``ingest migrate`` and ``ingest check`` do with the tables of a ``columns: auto`` pipeline.
 
 For each topic that exists now and whose table the template names from the topic alone
-(:func:`ingest.mirror.router.tables_of_topics`), the table is planned from the latest schema the
-registry holds for the topic's value (and key, with a registry ``key_format``): created or evolved by
+(:func:`ingest.mirror.router.tables_of_topics`), the table is planned from the latest schemas the
+registry holds for the topic's value and key (a registry ``key_format``): created or evolved by
 ``migrate``, only described by ``migrate --dry-run`` and ``check``. A topic without a registered
-schema, Kafka Connect JSON (whose schema is in each record) and templates reading the records
-(``{source.table}``, headers) leave the table to its first record.
+schema, keys that are not in a registry format (their fields name the key per record), Kafka Connect
+JSON (whose schema is in each record) and templates reading the records (``{source.table}``, headers)
+leave the table to its first record.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ def auto_table_plans(settings: Any, p: Any, routes: list[tuple[str, str | None, 
             continue
         if store is None:
             yield AutoTablePlan(topic, table, why="each record carries its schema: made by the first record")
+            continue
+        if key_store is None:  # a plain JSON key names the key columns per record: only a record knows them
+            yield AutoTablePlan(topic, table, why="its key comes with each record (key_format is not a registry "
+                                "format): made by the first record")
             continue
         latest = store.latest(_subject(p, topic))
         if latest is None:

@@ -334,8 +334,8 @@ class AutoMapper:
 
             head = _connect_head(record.key)  # the schema part's bytes: its cache key, when they stand alone
             return unwrap_key(doc), ("connect", doc["schema"], head)
-        if type(doc) is dict and doc:
-            return doc, ("names", tuple(doc))
+        if type(doc) is dict and doc:  # its fields in one order, whatever order a producer wrote them in
+            return doc, ("names", tuple(sorted(doc)))
         return None, None
 
     def _shape(self, cache_key: Any, schema: Any, key_token: Any, override: Any = None) -> RowShape:

@@ -209,14 +209,15 @@ class Evolving:
         return out
 
 
+@pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
 def test_columns_are_added_kept_and_an_incompatible_change_is_quarantined_then_replayed(
-        kafka_bootstrap, pg_dsn, group_id, tmp_path: Path) -> None:
+        kafka_bootstrap, pg_dsn, group_id, tmp_path: Path, delivery: str) -> None:
     prefix = f"evo{random.randrange(10**6)}"
     evo_topic, other_topic = f"{prefix}.public.evo", f"{prefix}.public.other"
     for topic in (evo_topic, other_topic):
         create_topic(kafka_bootstrap, topic, 1)
     evo, other = Evolving("evo"), Evolving("other")
-    config = _config(tmp_path, kafka_bootstrap, pg_dsn, group_id, [f"^{prefix}\\.public\\..*"])
+    config = _config(tmp_path, kafka_bootstrap, pg_dsn, group_id, [f"^{prefix}\\.public\\..*"], delivery=delivery)
     produce(kafka_bootstrap, evo_topic, evo.upserts(V1, range(0, 50), lambda i: {"label": f"v1-{i}", "qty": i}))
     produce(kafka_bootstrap, other_topic, other.upserts(V1, range(0, 30), lambda i: {"label": f"o-{i}", "qty": i}))
 
@@ -489,3 +490,33 @@ def test_migrate_dry_run_check_and_migrate_plan_tables_from_the_latest_registry_
         conn.execute("ALTER TABLE accounts ALTER COLUMN name TYPE integer USING NULL")
     out = ingest("check")
     assert "warn" in out and "incompatible with its latest schema" in out and "'name'" in out, out
+
+
+def test_migrate_leaves_a_table_keyed_by_plain_json_keys_to_its_first_record(
+        kafka_bootstrap, pg_dsn, group_id, schema_registry, tmp_path: Path) -> None:
+    """Registry values with plain JSON keys: only a record says the key, so migrate does not make the table
+    (one made without its key would refuse every record); the run makes it, keyed by the record key."""
+    from integration.test_cdc_formats import ENCODERS, Source
+
+    prefix = f"pk{random.randrange(10**6)}"
+    topic = f"{prefix}.public.items"
+    create_topic(kafka_bootstrap, topic, 1)
+    source = Source()
+    for i in range(1, 11):
+        source.upsert(i, i)
+    produce(kafka_bootstrap, topic, ENCODERS["json_schema"](schema_registry.url, topic, source.events))
+    pipeline = {"name": PIPELINE, "topics": [f"^{prefix}\\.public\\.(?P<t>.+)$"], "group_id": group_id,
+                "format": "json_schema", "envelope": "debezium",
+                "sink": {"kind": "postgres", "dsn": pg_dsn, "table": "{t}", "columns": "auto"},
+                "dlq": {"kind": "postgres", "dsn": pg_dsn}}
+    config = write_config(tmp_path, {"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                               "client": dict(TEST_CONSUMER_SETTINGS)},
+                                     "schema_registry": {"url": schema_registry.url}, "pipelines": [pipeline]})
+    res = run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path)
+    assert res.returncode == 0 and "its key comes with each record" in res.stdout, res.stdout + res.stderr
+    assert not _has_table(pg_dsn, "items")
+    res = run_ingest(["run", "--config", config, "--until-idle", "2", "--metrics-port", "0"], timeout_s=120,
+                     log_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert dlq_rows(pg_dsn) == [] and primary_key(pg_dsn, "items") == ["id"]
+    assert len(sink_rows(pg_dsn, "items", "id")) == 10

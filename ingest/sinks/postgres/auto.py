@@ -41,9 +41,10 @@ from psycopg import sql
 from ingest.config.base import ColumnSpec
 from ingest.config.cdc import DeleteSettings
 from ingest.drivers.postgres import connect, translate
-from ingest.errors import PermanentError
+from ingest.errors import MigrationError, PermanentError, TransientError
 from ingest.mirror.auto import KEY_AT, OFFSET_AT, SHAPE_AT, STREAM_AT, VALUES_AT, VERSION_AT, RowShape
-from ingest.mirror.ddl import DdlResult, ensure_postgres
+from ingest.mirror.ddl import _PG_LOST_RACE as LOST_RACE
+from ingest.mirror.ddl import DdlResult, ensure_postgres, lock_key, read_postgres_shape
 from ingest.mirror.errors import SchemaIncompatible
 from ingest.mirror.evolve import Incompatible, plan
 from ingest.mirror.router import table_of
@@ -58,6 +59,8 @@ __all__ = ["AutoTable", "AutoTables", "UNDEFINED"]
 UNDEFINED = (pg_errors.UndefinedColumn, pg_errors.UndefinedTable)
 #: The hidden source columns every keyed auto table has (the order guard; replay and exactly-once read them).
 SOURCE = (Column(STREAM_COLUMN, "bigint", True), Column(OFFSET_COLUMN, "bigint", True))
+#: PostgreSQL's most columns in a table.
+MAX_COLUMNS = 1600
 #: How long a table's shape read from the catalog is trusted to refuse a schema it cannot take.
 RECHECK_S = 5.0
 #: How long a table's DDL waits for a lock before the batch's retry takes it again.
@@ -103,11 +106,16 @@ class AutoTables:
         self._versions = 0
         #: per session: the version of each table's stage it holds
         self._staged: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
+        #: per session: what :meth:`prepare` made ready for its batch (a table, or why it cannot take its rows)
+        self._prepared: weakref.WeakKeyDictionary[Any, dict[str, AutoTable | str]] = weakref.WeakKeyDictionary()
 
     # -- before the transaction ----------------------------------------------------------------
     def prepare(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...] | None]) -> None:
-        """Ensure every table of ``rows`` takes their schemas, and ``conn``'s stage of each (autocommit).
-        Raises PermanentError (``schema_incompatible``) when one cannot; TransientError like a write."""
+        """Before a batch's transaction (autocommit): every table of ``rows`` made to take their schemas,
+        and ``conn``'s stage of each. What it prepared -- and the tables that cannot take their rows --
+        is what :meth:`batch_tables` gives the write on ``conn`` (so a lane writes with the shape it
+        staged, whatever another lane made of the table since). Raises TransientError like a write;
+        never for a schema a table cannot take (the write refuses those rows, in its transaction)."""
         shapes: dict[str, dict[int, RowShape]] = {}
         for row in rows:
             if row is None:
@@ -116,21 +124,41 @@ class AutoTables:
             for s in (row[SHAPE_AT], getattr(row[VALUES_AT], "shape", None)):
                 if s is not None:
                     found.setdefault(id(s), s)
-        incompatible: list[str] = []
+        tables: dict[str, AutoTable | str] = {}
         staged = self._staged.setdefault(conn, {})
         for name, found in shapes.items():
             try:
                 t = self.ensure(name, list(found.values()))
             except SchemaIncompatible as exc:
-                incompatible.append(f"table {name!r}: {exc.message}")
+                tables[name] = f"table {name!r}: {exc.message}"
                 continue
             if staged.get(name) != t.version:
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(
                     sql.Identifier(stage_name(self._cfg.db_schema, name))))
                 conn.execute(t.sql.create_stage)
                 staged[name] = t.version
-        if incompatible:
-            raise PermanentError("; ".join(incompatible)[:1000], error_class="schema_incompatible")
+            tables[name] = t
+        self._prepared[conn] = tables
+
+    def batch_tables(self, conn: psycopg.Connection[Any], names: Iterable[str]) -> dict[str, AutoTable]:
+        """The tables :meth:`prepare` made ready on ``conn`` for ``names``. Raises PermanentError (class
+        ``schema_incompatible``, naming each) when one of them cannot take its rows -- inside the batch's
+        transaction, so isolation (at least once, or exactly once in savepoints) dead-letters those
+        rows alone -- and TransientError for a table not prepared on ``conn`` (the retry prepares it)."""
+        prepared = self._prepared.get(conn, {})
+        out: dict[str, AutoTable] = {}
+        refused: list[str] = []
+        for name in names:
+            t = prepared.get(name)
+            if t is None:
+                raise TransientError(f"table {name!r} was not prepared on this connection: preparing it again")
+            if isinstance(t, str):
+                refused.append(t)
+            else:
+                out[name] = t
+        if refused:
+            raise PermanentError("; ".join(refused)[:1000], error_class="schema_incompatible")
+        return out
 
     def ensure(self, name: str, shapes: Sequence[RowShape]) -> AutoTable:
         """The table ``name`` made to take ``shapes`` (their union); raises SchemaIncompatible.
@@ -152,6 +180,7 @@ class AutoTables:
             self._tables[name] = t
             if incompatible is not None:
                 raise SchemaIncompatible("incompatible", incompatible)
+            self._check_filled(t, wanted)
             return t
 
     def _fits(self, t: AutoTable, wanted: Shape) -> bool:
@@ -162,7 +191,38 @@ class AutoTables:
             if time.monotonic() - t.read_at < RECHECK_S:
                 raise SchemaIncompatible("incompatible", str(p))
             return False
+        if p.empty:
+            self._check_filled(t, wanted)
         return p.empty
+
+    def _check_filled(self, t: AutoTable, wanted: Shape) -> None:
+        """Raise SchemaIncompatible when ``t`` has a NOT NULL column that neither ``wanted`` nor ingest
+        fills (one added by hand): ingest would write NULL there, default or not."""
+        managed = {STREAM_COLUMN, OFFSET_COLUMN, *(c.name for c in self._extra_columns(wanted))}
+        if self._deletes is not None and self._deletes.mode == "soft":
+            managed.add(self._deletes.soft_column)
+        lacking = [c.name for c in t.shape.columns
+                   if not c.nullable and c.name not in managed and wanted.column(c.name) is None]
+        if lacking:
+            raise SchemaIncompatible("unfilled_column", f"table {t.name!r} has NOT NULL column(s) {lacking} the "
+                                     "schema has no field for (ingest would write NULL there; a default is not "
+                                     "applied): make them nullable, or add the fields")
+
+    def lookup(self, name: str) -> AutoTable | None:
+        """The table ``name`` as the catalog has it now (None: there is none) -- for a process that has not
+        written it (``replay-dlq``'s order guard); no DDL. Raises like a write."""
+        t = self._tables.get(name)
+        if t is not None:
+            return t
+        cfg = self._cfg
+        with translate() as tr, connect(cfg.dsn.get_secret_value(), cfg.network, autocommit=True) as conn:
+            tr.conn = conn
+            shape = read_postgres_shape(conn, cfg.db_schema, name)
+        if shape is None:
+            return None
+        t = self._build(name, shape)
+        self._tables.setdefault(name, t)
+        return t
 
     def known(self, name: str) -> AutoTable | None:
         return self._tables.get(name)
@@ -195,24 +255,54 @@ class AutoTables:
         """:func:`ensure_postgres` on a connection of its own, with the columns ingest adds (the source
         columns and the version of a keyed table) and, with deletes, the tombstone table and soft column."""
         cfg = self._cfg
-        extra: tuple[Column, ...] = SOURCE if wanted.key else ()
-        if cfg.version is not None and wanted.key:
-            extra = (*extra, Column(cfg.version.column, cfg.version.type, True))
+        extra = self._extra_columns(wanted)
+        if len({*wanted.names, *(c.name for c in extra)}) > MAX_COLUMNS:
+            raise SchemaIncompatible("too_many_columns", f"table {name!r} would have more than {MAX_COLUMNS} "
+                                     "columns, PostgreSQL's limit")
         network = cfg.network.model_copy(update={"client_timeout_ms": 0})  # DDL may wait, bounded by lock_timeout
         with translate() as t, connect(cfg.dsn.get_secret_value(), network, autocommit=True) as conn:
             t.conn = conn
             conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(DDL_LOCK_TIMEOUT_MS)))
-            result = ensure_postgres(conn, cfg.db_schema, name, wanted, cfg.evolve, dry_run=dry_run,
-                                     extra_columns=extra)
+            kind = conn.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)",
+                                [sql.Identifier(cfg.db_schema, name).as_string(conn)]).fetchone()
+            if kind is not None and kind[0] not in ("r", "p"):  # a view, a sequence...: no DDL makes it a table
+                raise SchemaIncompatible("not_a_table", f"{name!r} is there and is not a table (relkind {kind[0]!r})")
+            try:
+                result = ensure_postgres(conn, cfg.db_schema, name, wanted, cfg.evolve, dry_run=dry_run,
+                                         extra_columns=extra)
+            except MigrationError as exc:  # a type or name the database refuses: these records' schema
+                raise SchemaIncompatible("ddl_refused", str(exc)) from None
+            except TransientError as exc:
+                if exc.sqlstate == "54011":  # too many columns (dropped ones count too)
+                    raise SchemaIncompatible("too_many_columns", f"table {name!r}: {exc}") from None
+                raise
             if dry_run or result.action == "incompatible" or not wanted.key or self._deletes is None:
                 return result
             assert result.shape is not None
             deletes = self._build(name, result.shape).deletes
             if deletes is not None:
-                for statement in (deletes.create_tombstones, deletes.soft_column_ddl):
-                    if statement is not None:
-                        conn.execute(statement)
+                self._ensure_deletes(conn, name, deletes)
         return result
+
+    def _extra_columns(self, wanted: Shape) -> tuple[Column, ...]:
+        """The columns ingest adds to a table of ``wanted``: the source columns and the version of a keyed one."""
+        extra: tuple[Column, ...] = SOURCE if wanted.key else ()
+        if self._cfg.version is not None and wanted.key:
+            extra = (*extra, Column(self._cfg.version.column, self._cfg.version.type, True))
+        return extra
+
+    def _ensure_deletes(self, conn: psycopg.Connection[Any], name: str, deletes: DeleteStatements) -> None:
+        """The tombstone table and soft-delete column of ``name``, under the table's advisory lock (the one
+        its DDL takes): another process making them at once takes turns, and one that made them first
+        leaves nothing to do (``IF NOT EXISTS``; a race lost anyway is a success)."""
+        statements = [s for s in (deletes.create_tombstones, deletes.soft_column_ddl) if s is not None]
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(self._cfg.db_schema, name),))
+                for statement in statements:
+                    conn.execute(statement)
+        except LOST_RACE:
+            pass
 
     def _build(self, name: str, shape: Shape) -> AutoTable:
         soft = self._deletes.soft_column if self._deletes is not None and self._deletes.mode == "soft" else None

@@ -11,6 +11,7 @@ its row. ``migrate`` adds them to existing tables.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -43,7 +44,14 @@ class ColumnOverride(Frozen):
     @field_validator("type")
     @classmethod
     def _type(cls, value: str) -> str:
-        pg_base_type(value)
+        """A type PostgreSQL makes: numeric precision 1-1000 (scale within it), varchar length 1-10485760."""
+        base, full = pg_base_type(value)
+        modifiers = [int(m) for m in re.findall(r"\d+", full[len(base):])] if "(" in full else []
+        if base == "numeric" and modifiers and not (1 <= modifiers[0] <= 1000
+                                                    and (len(modifiers) < 2 or 0 <= modifiers[1] <= modifiers[0])):
+            raise ValueError(f"{value!r}: numeric precision is 1 to 1000, its scale 0 to the precision")
+        if base == "varchar" and modifiers and not 1 <= modifiers[0] <= 10_485_760:
+            raise ValueError(f"{value!r}: varchar length is 1 to 10485760")
         return value
 
 

@@ -310,7 +310,7 @@ class PostgresSink:
                 by_auto.setdefault(key[-1], []).append(key[0])
             out: dict[tuple[Any, ...], RowSource] = {}
             for table, table_keys in by_auto.items():
-                t = self._auto.known(table)
+                t = self._auto.lookup(table)
                 if t is None or STREAM_COLUMN not in t.cfg.columns:
                     continue  # not written by this process yet, or append-only: nothing to guard
                 out.update({(k, table): source for k, source in self._row_sources(t.cfg, table_keys).items()})
@@ -387,11 +387,10 @@ class PostgresSink:
         by_table: dict[str, list[tuple[Any, ...]]] = {}
         for row in rows:
             by_table.setdefault(table_of(row), []).append(row)
+        tables = auto.batch_tables(conn, by_table)  # as prepared on conn; refuses incompatible rows here
         try:
             for name, carriers in by_table.items():
-                t = auto.known(name)
-                if t is None:  # forgotten since prepare() (another lane met it altered): the retry reads it again
-                    raise TransientError(f"table {name!r} is being read again from the catalog")
+                t = tables[name]
                 self._write_rows(conn, auto.rows_for(t, carriers), t.sql, t.deletes, t)
                 conn.execute(t.sql.clear_stage)
         except UNDEFINED:
