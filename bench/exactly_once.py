@@ -13,6 +13,8 @@ INSERT through the COPY stage) with its own consumer group:
                    (``ingest_lane_offsets``) in the batch transaction, and per commit tick the
                    watermark upsert into ``ingest_offsets`` before the (advisory) Kafka commit
 
+Each run prints its write tier (``write_tier``) and the share of records the columnar tier wrote
+(``columnar_records``): both modes have the tier where the configuration fits it (issue #38 item 1).
 Each figure is the run's ``rate_per_s`` from ``--summary-json`` (records consumed between the
 first record and the last handled batch). Rounds alternate the order of the two modes so that
 neither always runs on a warmer (or busier) machine; the ratio is printed for the mean rates and
@@ -93,7 +95,8 @@ def run_mode(bootstrap: str, topic: str, dsn: str, mode: str, lanes: int, n: int
         raise RuntimeError(f"{mode}: consumed {stats['records_consumed']}, table {rows} rows / {distinct} ids; "
                            f"want {n}")
     return {"rate": stats["rate_per_s"], "busy_s": stats["busy_s"], "batches": stats["batches"],
-            "commits": stats["commits"], "rss": data["peak_rss_bytes"]}
+            "commits": stats["commits"], "rss": data["peak_rss_bytes"], "tier": stats.get("write_tier"),
+            "columnar": stats.get("columnar_records", 0) / max(1, stats["records_consumed"])}
 
 
 def main() -> None:
@@ -119,7 +122,8 @@ def main() -> None:
                 res = run_mode(bootstrap, topic, dsn, mode, args.lanes, args.records, f"r{r}")
                 results[mode].append(res)
                 print(f"  round {r + 1} {mode:<14} {res['rate']:>10,.0f} records/s  busy {res['busy_s']:.2f} s  "
-                      f"{res['batches']} batches  {res['commits']} commits", flush=True)
+                      f"{res['batches']} batches  {res['commits']} commits  tier {res['tier']}, "
+                      f"{100 * res['columnar']:.2f} % written columnar", flush=True)
 
         print(f"\nrecords: {args.records} over {PARTITIONS} partitions, lanes {args.lanes}, batch {BATCH_ROWS} rows, "
               f"append-only table (plain INSERT via COPY stage), {args.rounds} round(s)")

@@ -13,6 +13,8 @@ best of ``--rounds``:
   library   the bare library call: orjson.loads / fastavro.schemaless_reader / FromString
   decode    ingest's decoder (wire format, schema cache, checks)
   map       Mapper.map to the bench's five columns (decode included)
+  columnar  the columnar tier's plan (ColumnarPlan.build: decode, Arrow columns, checks, collapse) of
+            batches of 5000, per record, for the formats that have the tier (JSON, Avro; issue #38)
 
 It runs in one process, one thread: the figures are CPU per record of that work alone.
 """
@@ -42,7 +44,7 @@ from harness.schema_registry import SchemaRegistryStandIn  # noqa: E402
 from harness.serde import avro_values, json_schema_values, protobuf_values  # noqa: E402
 from pg_pipeline import COLUMNS  # noqa: E402  (the end-to-end bench's columns)
 
-from ingest.config import ColumnSpec  # noqa: E402
+from ingest.config import ColumnSpec, PipelineSettings  # noqa: E402
 from ingest.config.formats import SchemaRegistrySettings  # noqa: E402
 from ingest.core.mapping import Mapper  # noqa: E402
 from ingest.formats.registry import build_decoder  # noqa: E402
@@ -96,8 +98,11 @@ def main(argv: list[str] | None = None) -> None:
     columns = {name: ColumnSpec(**spec) for name, spec in COLUMNS.items()}
     print(f"{n} records (bench/common.py's event, ~110 B as JSON), best of {args.rounds} rounds, "
           "µs per record, one thread")
-    print(f"{'format':<12} {'bytes':>6} {'library':>9} {'decode':>8} {'map':>8} {'map / json map':>15}")
+    print(f"{'format':<12} {'bytes':>6} {'library':>9} {'decode':>8} {'map':>8} {'map / json map':>15} "
+          f"{'columnar':>9}")
     json_map = None
+    sink = {"kind": "postgres", "dsn": "postgresql://u@h/d", "table": "t", "conflict_key": ["event_id"],
+            "columns": COLUMNS}
     for fmt, values in encoded.items():
         records = [Record(topic, 0, i, None, v, None) for i, v in enumerate(values)]
         decoder = build_decoder(_Pipeline(fmt), settings)
@@ -111,7 +116,14 @@ def main(argv: list[str] | None = None) -> None:
         map_us = _per_record_us(mapper.map, records, args.rounds)
         json_map = json_map or map_us
         size = sum(map(len, values)) / n
-        print(f"{fmt:<12} {size:>6.0f} {lib_us:>9.2f} {decode_us:>8.2f} {map_us:>8.2f} {map_us / json_map:>14.2f}x")
+        rule = PipelineSettings.model_validate({"name": fmt, "topics": [topic], "sink": sink}).collapse_rule()
+        plan = mapper.columnar_plan(rule.key_index, rule.version_index)
+        columnar = "-"
+        if plan is not None:
+            batches = [records[i:i + 5000] for i in range(0, n, 5000)]
+            columnar = f"{_per_record_us(plan.build, batches, args.rounds) * len(batches) / n:.2f}"
+        print(f"{fmt:<12} {size:>6.0f} {lib_us:>9.2f} {decode_us:>8.2f} {map_us:>8.2f} {map_us / json_map:>14.2f}x"
+              f" {columnar:>9}")
     registry.stop()
 
 

@@ -49,7 +49,9 @@ decimal as text, ``ts`` a Timestamp; one ProtobufSerializer for every record) an
 depend on the format. ``--format both`` runs every (e) on both streams, JSON and Avro back to
 back in each round (their order alternating per round), prints the JSON table as ``--format
 json`` does and then one table of both formats: records/s (best, median) and ingest's own CPU
-per record (median) per configuration, and the ratios Avro/JSON of the medians. ``--format all``
+per record (median) per configuration, the share of the records the columnar tier wrote (``lanes=1,
+rows`` runs each format by rows: Avro's there is the row path it had before issue #38's tier), and
+the ratios Avro/JSON of the medians. ``--format all``
 does the same with JSON, Avro and Protobuf (their order rotating per round), adding Protobuf rows
 and the ratios Protobuf/JSON. With Avro or Protobuf, the script checks that each of their
 end-to-end tables (and, with ``both`` or ``all``, each JSON one) holds the stream's last record
@@ -413,20 +415,23 @@ def compare_formats(runs: dict[str, dict[str, list[dict]]], idles: dict[str, dic
     print(f"\nend to end by format: the same {n} records "
           + ", ".join(f"as {name}" for name in names[:-1]) + f" and as {names[-1]} (Schema Registry wire format); "
           f"{rounds} rounds, interleaved")
-    print(f"{'configuration':<28}{'format':<{width}}{'best':>12}{'median':>12}{'own CPU us/record':>20}")
+    print(f"{'configuration':<28}{'format':<{width}}{'best':>12}{'median':>12}{'own CPU us/record':>20}"
+          f"{'columnar':>10}")
     for label in next(iter(runs.values())):
         med: dict[str, tuple[float, float]] = {}
         for fmt, by_label in runs.items():
             rs = by_label[label]
             best, median = best_and_median([r["rate"] for r in rs])
             med[fmt] = (median, statistics.median(r["ingest_cpu_us"] for r in rs))
-            print(f"{label:<28}{fmt:<{width}}{best:>12,.0f}{median:>12,.0f}{med[fmt][1]:>20.2f}")
+            share = min(r["columnar_share"] or 0.0 for r in rs)  # the least any round wrote by columns
+            print(f"{label:<28}{fmt:<{width}}{best:>12,.0f}{median:>12,.0f}{med[fmt][1]:>20.2f}{share:>10.1%}")
         for fmt in med:
             if fmt != "json" and "json" in med:
                 print(f"{label:<28}{fmt + '/json':<{width}}{'':>12}"
                       f"{'x' + format(med[fmt][0] / med['json'][0], '.3f'):>12}"
                       f"{'x' + format(med[fmt][1] / med['json'][1], '.3f'):>20}")
-    print("(best and median records/s; own CPU: user + sys of ingest's processes less its idle run, median"
+    print("(best and median records/s; own CPU: user + sys of ingest's processes less its idle run, median; "
+          "columnar: the share of the records the columnar tier wrote, the least of the rounds"
           + (f"; {', '.join(ratios)}: ratios of the medians)" if ratios else ")"))
     # What each end-to-end table must hold: the last record of each key (a key stays in one partition).
     expected = {row[0]: tuple(row[:WIDTH]) for row in rows}
@@ -455,7 +460,7 @@ def main() -> None:
     ap.add_argument("--no-wide", action="store_true",
                     help="skip the wide stream (16 columns, ~760 B, nested; end to end, 1 process, first of --lanes)")
     ap.add_argument("--no-rows", action="store_true",
-                    help=f"skip the row path's configuration ({ROWS}, columnar: false; 1 process; JSON only)")
+                    help=f"skip the row path's configuration ({ROWS}, columnar: false; 1 process; every format)")
     ap.add_argument("--no-poison", action="store_true",
                     help="skip the 0.1 %%-poison stream (end to end, 1 process, lanes as the first of --lanes)")
     args = ap.parse_args()
@@ -511,7 +516,7 @@ def main() -> None:
         if args.processes > 1:
             configs += [(f"processes={args.processes}, lanes={lanes}", lanes, args.processes)
                         for lanes in args.process_lanes]
-        if formats == ["json"] and not args.no_rows:
+        if not args.no_rows:  # with Avro / Protobuf too: the row path of each format beside its default
             configs.append((ROWS, 1, 1))
         # One round measures everything once, so that a slow spell of this shared machine
         # hits every measure of that round rather than one measure of the whole run.

@@ -81,7 +81,12 @@ def preview(settings: Any, p: PipelineSettings, records: Iterable[Record]) -> Pr
             report.skipped.append({**where, "why": str(exc)})
             continue
         # the sink's hidden bookkeeping columns (_ingest_*) are not the user's: not shown
-        values = {n: v for n, v in zip(names, row, strict=False) if not n.startswith(_HIDDEN_PREFIX)}
+        if p.auto_columns:  # a carrier (ingest.mirror.auto): the columns its schema gives
+            from ingest.mirror.auto import carrier_values
+
+            values = carrier_values(row)
+        else:
+            values = {n: v for n, v in zip(names, row, strict=False) if not n.startswith(_HIDDEN_PREFIX)}
         entry = {**where, "delete": values} if isinstance(row, DeleteRow) else {**where, "row": values}
         if p.routes_tables:  # the row's table rides at its end (ingest.mirror.router)
             report.children.setdefault(row[-1], []).append(entry)

@@ -46,10 +46,10 @@ _HIDDEN_PREFIX = "_ingest_"
 def mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,
                key_decoder: Decoder | None = None) -> Any:
     """The mapper of ``settings`` (:func:`_mapper_for`), wrapped in a
-    :class:`~ingest.mirror.router.RoutingMapper` when ``sink.table`` is a template."""
-    mapper = _mapper_for(settings, decoder=decoder, key_decoder=key_decoder)
+    :class:`~ingest.mirror.router.RoutingMapper` when ``sink.table`` is a template; with ``columns: auto``
+    an :class:`~ingest.mirror.auto.AutoMapper`, which routes itself."""
     if not settings.routes_tables:
-        return mapper
+        return _mapper_for(settings, decoder=decoder, key_decoder=key_decoder)
     from ingest.mirror.names import Reserved
     from ingest.mirror.router import RoutingMapper, TableRouter
 
@@ -57,8 +57,66 @@ def mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,
     router = TableRouter(settings.table_template, settings.topic_selector, settings.sink.kind,
                          reserved=Reserved(settings.dlq.table, frozenset([tombstones] if tombstones else [])),
                          deletes=settings.has_deletes, database=getattr(settings.sink, "database", "default"))
+    if settings.auto_columns:
+        return _auto_mapper(settings, decoder, key_decoder, router)
     decode = (decoder or JsonDecoder()).decode
-    return RoutingMapper(mapper, router, decode)
+    return RoutingMapper(_mapper_for(settings, decoder=decoder, key_decoder=key_decoder), router, decode)
+
+
+def _auto_mapper(settings: PipelineSettings, decoder: Decoder | None, key_decoder: Decoder | None,
+                 router: Any) -> Any:
+    """The :class:`~ingest.mirror.auto.AutoMapper` of a ``columns: auto`` pipeline: values coerced by the
+    row mapper's coercer of each column type."""
+    from ingest.config.base import ColumnSpec
+    from ingest.core.mapping.mapper import column_coercer
+    from ingest.mirror.auto import AutoMapper
+
+    dialect = settings.sink.kind
+
+    def coercer(type_text: str, nullable: bool) -> tuple[Any, bool]:
+        if dialect == "clickhouse":
+            return _ch_auto_coercer(type_text, nullable)
+        return column_coercer(ColumnSpec(type=type_text, required=not nullable), dialect)
+
+    soft = settings.deletes.soft_column if settings.has_deletes and settings.deletes.mode == "soft" else None
+    auto_version = getattr(settings.sink, "version", None)  # PostgreSQL only
+    reserved = _reserved_columns(dialect, soft, getattr(auto_version, "column", None))
+    version = None
+    if auto_version is not None:  # one column's mapper: "@source.PATH" reads the block map() passes
+        source = auto_version.source
+        version = Mapper({"version": ColumnSpec(type=auto_version.type, required=True,
+                                                source="$." + source if source.startswith("@source.") else source)},
+                         None, dialect=dialect)
+    return AutoMapper(dialect=dialect, envelope=settings.envelope, fmt=settings.format, decoder=decoder,
+                      key_decoder=key_decoder, coercer=coercer, tombstones=settings.effective_tombstones,
+                      truncate=settings.truncate, reserved_columns=reserved, version=version, router=router,
+                      overrides=list(getattr(settings.sink, "tables", {}).items()))
+
+
+def _reserved_columns(dialect: str, soft: str | None, version: str | None) -> tuple[str, ...]:
+    """Field names a ``columns: auto`` table cannot take as columns: the soft-delete column, the sink's
+    ``version`` column and, in ClickHouse, the hidden version column (``_version``: a field of that name
+    would version the table)."""
+    names = tuple(name for name in (soft, version) if name)
+    if dialect == "clickhouse":
+        from ingest.sinks.clickhouse.settings import CH_DEFAULT_VERSION_COLUMN
+
+        names = (*names, CH_DEFAULT_VERSION_COLUMN)
+    return names
+
+
+def _ch_auto_coercer(type_text: str, nullable: bool) -> tuple[Any, bool]:
+    """``(coercer, required)`` of a ``columns: auto`` ClickHouse column (a shape's type has no ``Nullable``):
+    a nullable field's column is ``Nullable(T)``, so its null is a value, not a missing one; an
+    ``Array`` is never Nullable (a null array is written as its ``DEFAULT []``), so never required."""
+    from ingest.config.base import ColumnSpec
+    from ingest.core.mapping.mapper import column_coercer
+    from ingest.mirror.types import ch_nullable
+
+    is_array = type_text.startswith("Array(")
+    spelled = ch_nullable(type_text) if nullable and not is_array else type_text
+    coerce, required = column_coercer(ColumnSpec(type=spelled, required=not nullable and not is_array), "clickhouse")
+    return coerce, required and not is_array
 
 
 def _mapper_for(settings: PipelineSettings, *, decoder: Decoder | None = None,

@@ -43,12 +43,17 @@ def check(config: ConfigOpt = None, log_level: LogLevelOpt = "warning") -> None:
             try:
                 sink.check()
                 tier = describe_tier(settings, p, sink)
+                if p.auto_columns:
+                    _auto_tables(settings, p, listed, sink)
             except ValueError as exc:  # a decoder the config cannot build: said by _schemas below
                 tier = f"unknown ({exc})"
             finally:
                 sink.close()
             described = registry.backend(p.sink.kind).describe(p.sink)
             typer.echo(f"ok   pipeline {p.name}: sink {p.sink.kind} {described}")
+            if p.auto_columns:
+                typer.echo(f"ok   pipeline {p.name}: columns auto: each table's columns and key from its records' "
+                           f"schemas (evolve {p.sink.evolve}); a table is created by its first record or by migrate")
             for _, explode in p.explode_steps:  # written with the parent, in the same database
                 child = registry.backend(p.sink.kind).describe(p.explode_sink(explode))
                 typer.echo(f"ok   pipeline {p.name}: child {child} (explode {explode.path}"
@@ -60,7 +65,8 @@ def check(config: ConfigOpt = None, log_level: LogLevelOpt = "warning") -> None:
             if p.dlq.uses_postgres_table:
                 check_dsn(dlq_dsn(p), f"postgres DLQ of pipeline {p.name!r}")
                 typer.echo(f"ok   pipeline {p.name}: DLQ postgres table {p.dlq.table}")
-            problems += _schemas(settings, p, f"pipelines[{index}].transforms")
+            if not p.auto_columns:  # columns: auto reads whatever the schemas hold
+                problems += _schemas(settings, p, f"pipelines[{index}].transforms")
     except ServiceUnreachable as exc:
         raise fail(EXIT_UNREACHABLE, f"unreachable: {exc}") from None
     except ConfigError as exc:
@@ -97,6 +103,20 @@ def _routes(p: Any, topics: list[str]) -> None:
             typer.echo(f"ok   pipeline {p.name}: topic {topic} -> table {table}")
         else:
             typer.echo(f"warn pipeline {p.name}: topic {topic} cannot be routed: {why}")
+
+
+def _auto_tables(settings: Any, p: Any, listed: list[str], sink: Any) -> None:
+    """``columns: auto``: each routable topic's table as its latest registry schema would make it (exists,
+    would be created, the columns it lacks, incompatible differences) -- nothing is changed."""
+    from ingest.cli.mirror_plan import auto_table_plans, describe
+    from ingest.mirror.router import tables_of_topics
+
+    routes = tables_of_topics(p, p.topic_selector.select(listed), sink.existing_tables())
+    for plan in auto_table_plans(settings, p, routes, sink, dry_run=True):
+        head, *statements = describe(plan, dry_run=True)
+        typer.echo(f"{head[:5]}pipeline {p.name}: {head[5:]}")
+        for statement in statements:
+            typer.echo(statement)
 
 
 def _schemas(settings: Any, p: Any, where: str) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from ingest.cli.app import (
@@ -21,7 +23,11 @@ from ingest.errors import ConfigError, IngestError, ServiceUnreachable
 
 
 @app.command()
-def migrate(config: ConfigOpt = None, pipeline: PipelineOpt = None, log_level: LogLevelOpt = "warning") -> None:
+def migrate(config: ConfigOpt = None, pipeline: PipelineOpt = None, log_level: LogLevelOpt = "warning",
+            dry_run: Annotated[bool, typer.Option("--dry-run", help=(
+                "Print the DDL the tables of columns: auto pipelines would get (created or altered from "
+                "their topics' latest registry schemas), run nothing (the other tables are not shown)."))] = False,
+            ) -> None:
     """Create sink tables, the DLQ table and bookkeeping tables (idempotent: safe to run twice)."""
     setup_logs(log_level)
     settings = load(config)
@@ -29,10 +35,11 @@ def migrate(config: ConfigOpt = None, pipeline: PipelineOpt = None, log_level: L
 
     try:
         for p in select(settings, pipeline):
-            for line in migrate_pipeline(p):
-                typer.echo(f"ok   {line}")
+            if not dry_run:
+                for line in migrate_pipeline(p):
+                    typer.echo(f"ok   {line}")
             if p.routes_tables:
-                _routed_tables(settings, p)
+                _routed_tables(settings, p, dry_run=dry_run)
     except ServiceUnreachable as exc:
         raise fail(EXIT_UNREACHABLE, f"unreachable: {exc}") from None
     except ConfigError as exc:
@@ -41,7 +48,7 @@ def migrate(config: ConfigOpt = None, pipeline: PipelineOpt = None, log_level: L
         raise fail(EXIT_FAILED, str(exc)) from None
 
 
-def _routed_tables(settings: object, p: object) -> None:
+def _routed_tables(settings: object, p: object, *, dry_run: bool = False) -> None:
     """A pipeline routing by a template that reads the topic only: create the tables of the topics
     that exist now (the others are created when their first record arrives). A broker that cannot be
     reached is a warning here, not a failure: the tables will be made by the run."""
@@ -57,6 +64,18 @@ def _routed_tables(settings: object, p: object) -> None:
     sink = build_sink(p, lanes=1)  # type: ignore[arg-type]
     try:
         routes = tables_of_topics(p, topics, sink.existing_tables())  # type: ignore[attr-defined]
+        if p.auto_columns:  # type: ignore[attr-defined]
+            from ingest.cli.mirror_plan import auto_table_plans, describe
+
+            for topic, table, why in routes:
+                if table is None:
+                    typer.echo(f"warn {p.name}: topic {topic} cannot be routed: {why}")  # type: ignore[attr-defined]
+            for plan in auto_table_plans(settings, p, routes, sink, dry_run=dry_run):
+                head, *statements = describe(plan, dry_run=dry_run)
+                typer.echo(f"{head[:5]}{p.name}: {head[5:]}")  # type: ignore[attr-defined]
+                for statement in statements:
+                    typer.echo(statement)
+            return
         for topic, table, why in routes:
             if table is None:
                 typer.echo(f"warn {p.name}: topic {topic} cannot be routed: {why}")  # type: ignore[attr-defined]

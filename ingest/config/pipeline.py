@@ -306,13 +306,22 @@ class PipelineSettings(Frozen):
 
     @property
     def routes_tables(self) -> bool:
-        """``sink.table`` is a template with placeholders: each record's table is resolved from it."""
-        return "{" in self.sink.table and not self.table_template.is_constant
+        """``sink.table`` is a template with placeholders (each record's table is resolved from it), or
+        the columns are ``auto`` (each table is made from its records' schemas; a plain name is a
+        template without placeholders)."""
+        return self.auto_columns or ("{" in self.sink.table and not self.table_template.is_constant)
+
+    @property
+    def auto_columns(self) -> bool:
+        """``sink.columns: auto`` (ingest.mirror.auto)."""
+        return bool(getattr(self.sink, "auto_columns", False))
 
     @model_validator(mode="after")
     def _routing(self) -> PipelineSettings:
         """A ``sink.table`` template must parse, read only what the records have, and go with what
         routing supports (see README "Mirroring a database")."""
+        if self.auto_columns:
+            self._check_auto_columns()
         if "{" not in self.sink.table and "}" not in self.sink.table:
             return self
         try:
@@ -334,6 +343,21 @@ class PipelineSettings(Frozen):
             raise ValueError("deletes.tombstone_table: with a table template each table gets its own "
                              "(<table>_ingest_deleted); remove the setting")
         return self
+
+    def _check_auto_columns(self) -> None:
+        """``columns: auto`` reads schemas it can have (see README "Mirroring a database")."""
+        if self.format not in ("json", "avro", "json_schema", "protobuf") or self.avro_schema is not None:
+            raise ValueError("sink.columns: auto reads Kafka Connect JSON with schemas (format json) or the schema "
+                             f"registry's schemas (avro, json_schema, protobuf), not format {self.format!r}"
+                             + (" with avro_schema" if self.avro_schema is not None else ""))
+        if self.format == "avro" and self.envelope == "debezium" and self.key_format != "avro":
+            raise ValueError("key_format: a Debezium stream in Avro keys its records by an Avro primary key: "
+                             "set key_format avro (sink.columns: auto takes each table's key from it)")
+        if self.transforms:
+            raise ValueError("transforms: not supported with sink.columns: auto yet")
+        if self.key is not None:
+            raise ValueError("key: sink.columns: auto orders each table's records by their record key; "
+                             "remove the setting")
 
     @model_validator(mode="after")
     def _transform_labels(self) -> PipelineSettings:

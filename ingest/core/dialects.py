@@ -190,3 +190,8 @@ class _ChTypeParser:
         if base is None or base.kind != "string":
             raise self.bad("LowCardinality supports String and Nullable(String) only")
         return ChType("lowcardinality", f"LowCardinality({inner.name})", f"LowCardinality({inner.ddl})", inner)
+
+
+def ch_quote_ident(name: str) -> str:
+    """A ClickHouse identifier in backquotes (backslash and backquote escaped)."""
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"

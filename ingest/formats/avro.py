@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from fastavro import schemaless_reader
 from ingest.core.avro_schema import parse_avro_text
 from ingest.errors import InvalidRecord
 from ingest.formats import wire
+from ingest.formats.avro_batch import compile_batch, read_fields
 from ingest.formats.registered import RegistryDecoder
 from ingest.formats.schemas import SchemaStore
 from ingest.types import Record
@@ -77,11 +79,16 @@ def read(value: bytes | memoryview, schema: Any, what: str | wire.SchemaRef, sta
     try:
         doc = schemaless_reader(buf, schema, None)
     except Exception as exc:  # noqa: BLE001 - EOFError, ValueError, IndexError, UnicodeDecodeError...
-        raise _mismatch(what, f"{type(exc).__name__}: {exc}") from None
+        raise _mismatch(what, f"{type(exc).__name__}: {_OBJECT_AT.sub('the record', str(exc))}") from None
     left = len(value) - buf.tell()
     if left:
         raise _mismatch(what, f"{left} bytes left after the record")
     return doc
+
+
+#: a Python object's repr with its address (fastavro's ``cannot read double from <_io.BytesIO object at
+#: 0x7f...>``): not in messages, which must say the same of the same bytes in every run
+_OBJECT_AT = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
 
 
 def _mismatch(what: str | wire.SchemaRef, why: str) -> InvalidRecord:
@@ -95,12 +102,18 @@ class AvroDecoder(RegistryDecoder):
 
     name = "avro"
     document = "an Avro record"
+    #: the columnar plan may read this decoder's documents (:meth:`decode_fields`: exactly what
+    #: :meth:`decode` gives the row mapper): :class:`ingest.core.mapping.columnar.ColumnarPlan`
+    columnar_documents = True
     parse = staticmethod(parse_avro)
     #: for ``ingest check``: can a record of a parsed schema hold a value at a path
     has_path = staticmethod(lambda schema, steps: has_path(schema, steps))
 
     def __init__(self, pipeline: Any, schema_registry: Any = None, field: wire.Field = "value") -> None:
         self._file_schema: Any = None
+        #: batch readers of the writer schemas met so far (:mod:`ingest.formats.avro_batch`), by schema id
+        #: (None: the file schema); None where a schema has none
+        self._batch_readers: dict[Any, Any] = {}
         path = getattr(pipeline, "avro_schema", None) if field == "value" else None
         if path is None:
             if schema_registry is None:
@@ -142,6 +155,80 @@ class AvroDecoder(RegistryDecoder):
             return read(value, store.prepared(ref), ref, 5)
         ref, payload = wire.split(record)
         return read(payload, store.prepared(ref), ref)
+
+    def decode_fields(self, records: Sequence[Record], keys: Sequence[str]) -> tuple[list[list[Any]], set[int]]:
+        """For the columnar plan: per key of ``keys``, each record's value of that top-level field (None
+        where its record lacks it), and the positions of the records whose decode fails or whose
+        document is not a record (the row mapper decides them). The values are exactly what
+        :meth:`decode` gives: the datums of each writer schema are read together
+        (:mod:`ingest.formats.avro_batch`, every datum within its own bytes) where the schema allows,
+        and every other or doubtful record is decoded by :meth:`decode`. Raises what :meth:`decode`
+        raises but InvalidRecord (a registry that cannot answer)."""
+        n = len(records)
+        columns: dict[str, list[Any]] = {key: [None] * n for key in keys}
+        slow: list[int] = []
+        groups: dict[Any, list[int]] = {}
+        offset = 5
+        if self._field != "value":
+            slow = list(range(n))
+        elif self._store is None:
+            groups[None] = list(range(n))
+            offset = 0
+        else:
+            for i, record in enumerate(records):
+                value = record.value
+                if not record.headers and value is not None and len(value) >= 5 and value[0] == 0:
+                    groups.setdefault(value[1:5], []).append(i)
+                else:
+                    slow.append(i)
+        for raw_ref, positions in groups.items():
+            reader = self._batch_reader(None if raw_ref is None else int.from_bytes(raw_ref, "big"))
+            if reader is None:
+                slow += positions
+                continue
+            fields, bad = read_fields(reader, [records[i].value for i in positions], offset)
+            whole = len(positions) == n
+            for key in keys:
+                got = fields.get(key)
+                if got is None:
+                    continue
+                if whole:
+                    columns[key] = got
+                else:
+                    column = columns[key]
+                    for i, v in zip(positions, got):
+                        column[i] = v
+            if True in bad:
+                slow += [i for i, b in zip(positions, bad) if b]
+        rejected: set[int] = set()
+        for i in sorted(slow):
+            try:
+                doc = self.decode(records[i])
+            except InvalidRecord:
+                doc = None
+            if type(doc) is not dict:
+                rejected.add(i)
+            for key in keys:
+                columns[key][i] = doc.get(key) if type(doc) is dict else None
+        return [columns[key] for key in keys], rejected
+
+    def _batch_reader(self, ref: Any) -> Any:
+        """The batch reader of schema ``ref`` (None: the file schema), or None: decode per record (a
+        schema it does not read, or one the registry has not given: :meth:`decode` decides)."""
+        try:
+            return self._batch_readers[ref]
+        except KeyError:
+            pass
+        if ref is None:
+            schema = self._file_schema
+        else:
+            assert self._store is not None
+            try:
+                schema = self._store.prepared(ref)
+            except Exception:  # noqa: BLE001 - unknown_schema and the like: per record, and not remembered
+                return None
+        reader = self._batch_readers[ref] = compile_batch(schema)
+        return reader
 
     def describe(self, record: Record | None) -> str | None:
         """Which schema wrote ``record`` (for map errors), None when it names none."""

@@ -10,7 +10,7 @@ catalog, plans, and returns the statements as text without running them (``inges
 table's shape (None: no such table).
 
 Names reach SQL only quoted: :class:`psycopg.sql.Identifier` for PostgreSQL, backquotes
-(:func:`ingest.sinks.clickhouse.sink.quote_ident`) for ClickHouse; column types only from the type map,
+(:func:`ingest.core.dialects.ch_quote_ident`) for ClickHouse; column types only from the type map,
 each checked by the repo's own type parser before it is written into a statement.
 
 PostgreSQL
@@ -69,7 +69,7 @@ from ingest.mirror.shape import Column, Shape
 from ingest.mirror.types import normalize_type, split_nullable
 from ingest.sinks.clickhouse.errors import classify as classify_ch
 from ingest.sinks.clickhouse.errors import error_code
-from ingest.sinks.clickhouse.sink import quote_ident
+from ingest.core.dialects import ch_quote_ident as quote_ident
 
 __all__ = [
     "MAX_ROUNDS", "ClickHouseTable", "DdlResult", "clickhouse_statements", "clickhouse_tables", "ensure_clickhouse",

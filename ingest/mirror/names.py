@@ -1,7 +1,7 @@
 """The sanitiser: a rendered table name (or a schema's field name) → an identifier, by fixed rules.
 
 Names are always quoted when they reach SQL (PostgreSQL: :class:`psycopg.sql.Identifier`; ClickHouse:
-backquotes, :func:`ingest.sinks.clickhouse.sink.quote_ident`), so almost any text can be a name.
+backquotes, :func:`ingest.core.dialects.ch_quote_ident`), so almost any text can be a name.
 The rules only remove what would be *ambiguous* or *impossible*, and refuse instead of guessing:
 
 1. ``.`` becomes ``_`` (tables only): a dotted topic such as ``shop.public.orders`` never reads as

@@ -157,17 +157,33 @@ class RoutingMapper:
         self.router = router
         self._decode = decode if router.template.uses_source else None
         self.column_names = [*mapper.column_names, "_ingest_table"]
+        #: the template reads the records (the source block, a header), not the topic only
+        self._reads_records = router.template.uses_source or any(part.kind == "header"
+                                                                 for part in router.template.parts)
         self.column_types = getattr(mapper, "column_types", None)
 
     def __getattr__(self, name: str) -> Any:  # fast_misses, review_typed, skips_tombstones ...
         return getattr(self._mapper, name)
 
-    def columnar_plan(self, key_index: Any, version_index: Any = None) -> None:
-        """None: routed rows take the row path."""
-        return None
+    def columnar_plan(self, key_index: tuple[int, ...] | None, version_index: int | None = None) -> Any:
+        """The wrapped mapper's plan for the rows without their table (the columnar tier splits a batch by
+        table itself: :class:`ingest.runner.columnar.RoutedColumnarTier`), or None when the template
+        reads the records (the source block, a header): those rows take the row path."""
+        if self._reads_records:
+            return None
+        return self._mapper.columnar_plan(self._own_key(key_index), version_index)
 
-    def columnar_refusal(self, key_index: Any, version_index: Any = None) -> str:
-        return "the pipeline routes to many tables (sink.table is a template)"
+    def columnar_refusal(self, key_index: tuple[int, ...] | None, version_index: int | None = None) -> str | None:
+        if self._reads_records:
+            return "the table template reads the records (source block or headers): routed rows go by rows"
+        return self._mapper.columnar_refusal(self._own_key(key_index), version_index)
+
+    def _own_key(self, key_index: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        """The wrapped mapper's key positions: ``key_index`` without the table's (the last value)."""
+        table_at = len(self._mapper.column_names)
+        if key_index is None:
+            return None
+        return tuple(i for i in key_index if i != table_at) or None
 
     def map(self, record: Record) -> tuple[tuple[Any, ...], bytes | None]:
         if self._decode is not None and record.value is None:

@@ -255,7 +255,8 @@ class Acceptor:
     def _route(self, items: list[Item]) -> tuple[list[bytes | None], list[int]]:
         """Each unmapped item's routing key and lane, exactly as :meth:`accept` routes it once mapped:
         the key from ``lane_keys``, or for a record it leaves ``UNROUTED``, from the row mapper's row
-        (the record's key for poison)."""
+        (the record's key for poison); without a key, with ``deterministic`` (exactly-once), lane
+        ``offset % lanes``."""
         assert self._lane_keys is not None
         keys = self._lane_keys([item.record for item in items])
         if UNROUTED in keys:  # identity first: no key compares equal to the sentinel
@@ -272,6 +273,10 @@ class Acceptor:
                         key = record.key
                     keys[i] = key
         lane_of = self._router.lane
+        if self._deterministic and None in keys:  # exactly-once: a record without a key goes by its offset
+            n_lanes = len(self._batching)
+            return keys, [lane_of(key) if key is not None else item.record.offset % n_lanes
+                          for key, item in zip(keys, items, strict=True)]
         return keys, list(map(lane_of, keys))
 
     def _sample_keys(self, items: list[Item], keys: list[bytes | None] | None = None,

@@ -20,8 +20,8 @@ The tier turns itself off for good when more than ``MAX_DECLINED_SHARE`` of the 
 ``REVIEW_RECORDS`` records it was offered had to go by rows (a stream it does not fit: fields no
 column reads, nested values...); it is logged at ``info``.
 
-:func:`columnar_tier` decides whether a pipeline can have the tier at all (at least once, JSON -- plain,
-or Debezium change events with hard or soft deletes into one PostgreSQL table, whose plan is
+:func:`columnar_tier` decides whether a pipeline can have the tier at all (plain JSON or Avro values, or
+at least once Debezium JSON change events with hard or soft deletes into one PostgreSQL table, whose plan is
 :class:`~ingest.cdc.columnar.ChangePlan` and whose records the row mapper handles without a row, a no-op
 tombstone or an ignored truncate, are done with the batch and counted as skipped --, a sink that
 declares the ``columnar`` capability and takes the plan's columns, the last or
@@ -31,6 +31,14 @@ loop what the row path routes each record by, without mapping it; transforms -- 
 tier evaluates: :mod:`ingest.core.transforms.columnar`); a pipeline that can has it unless its
 configuration says ``columnar: false``. Records a transform's filter drops have no row and are counted
 per filter (:attr:`ColumnarPlanned.filtered`), whether the plan or the row mapper dropped them.
+
+Exactly-once pipelines (``sink.delivery: exactly_once``) have the tier too, with one lane or into a
+table without a conflict key (then every record routes by its Kafka key, or without one by its
+offset, on either tier: a record's lane never depends on the tier, which the lane offsets need).
+A batch the tier took is written in the batch's exactly-once transaction
+(:class:`~ingest.sinks.postgres.exactly_once.ExactlyOnceWriter`): the columnar write in a savepoint,
+its poison records' DLQ rows and the lane's offsets; when records of it were already written by an
+earlier run, or the columnar write fails, the transaction maps and writes the fresh records by rows.
 """
 
 from __future__ import annotations
@@ -76,6 +84,8 @@ class ColumnarPlanned:
     unchanged: list[Item] = field(default_factory=list)
     #: of ``rows``, the rows that delete their key (change events: ingest.cdc.columnar)
     deletes: int = 0
+    #: a pipeline routing to many tables: the rows of each table (the payload holds one part per table)
+    rows_by_table: Counter[str] | None = None
 
 
 class ColumnarTier:
@@ -196,6 +206,82 @@ def _deletes(table: Any) -> int:
     return int(pc.sum(table.column("_ingest_deleted").cast("int64")).as_py() or 0)
 
 
+class RoutedColumnarTier(ColumnarTier):
+    """The columnar tier of a pipeline routing to many tables by a template that reads the topic only
+    (``{topic}``, pattern groups: :mod:`ingest.mirror.router`): a batch is split by table, each part
+    planned (collapsed per key within its table) and encoded on its own, and the payload -- one
+    ``(table, encoded part)`` per table -- written in one transaction (the sink's ``write_encoded``).
+    A record whose table cannot be resolved is poison (stage ``route``, class ``unroutable``), as on
+    the row path; a part the plan declines sends the whole batch by rows."""
+
+    def __init__(self, pipeline: str, plan: ColumnarPlan, encode_parts: Callable[[list[tuple[str, Any]]], Any],
+                 write: Callable[..., None], map_record: Callable[[Record], tuple[tuple[Any, ...], bytes | None]],
+                 *, table_of: Callable[[Record], str]) -> None:
+        """``encode_parts([(table, pyarrow.Table), ...])``: the sink's payload of a batch's parts."""
+        super().__init__(pipeline, plan, _unencoded, write, map_record)
+        self._encode_parts = encode_parts
+        self._table_of = table_of
+
+    def build(self, items: Sequence[Item], records: Sequence[Record] | None = None,
+              listed: dict[str, list[Any]] | None = None) -> ColumnarPlanned | None:
+        if not self.on:
+            return None
+        records = list(map(_record_of, items)) if records is None else records
+        parts: dict[str, list[int]] = {}
+        tables: dict[str, str | InvalidRecord] = {}  # topic -> table: the template reads the topic only
+        poison: list[tuple[Item, Failure]] = []
+        filtered_items: list[Item] = []
+        unchanged: list[Item] = []
+        filtered: Counter[str] = Counter()
+        for i, record in enumerate(records):
+            table = tables.get(record.topic)
+            if table is None:
+                try:
+                    table = tables[record.topic] = self._table_of(record)
+                except InvalidRecord as exc:  # unroutable: dead-lettered as the row path would
+                    table = tables[record.topic] = exc
+            if isinstance(table, InvalidRecord):  # the row mapper says why (its own errors come first)
+                try:
+                    failure = self.map_item(items[i]).failure
+                except Filtered as exc:
+                    filtered[exc.step] += 1
+                    filtered_items.append(items[i])
+                    continue
+                except NoChange:  # handled without a row
+                    unchanged.append(items[i])
+                    continue
+                poison.append((items[i], failure or Failure(table.stage, table.error_class, table.message)))
+            else:
+                parts.setdefault(table, []).append(i)
+        payload: list[tuple[str, Any]] = []
+        rows: Counter[str] = Counter()
+        for table, positions in parts.items():
+            part_items = [items[i] for i in positions]
+            planned = super().build(items, records, listed) if len(positions) == len(items) \
+                else super().build(part_items, [records[i] for i in positions])
+            if planned is None:  # one part by rows: the whole batch (it is reviewed once, here)
+                return None
+            payload.append((table, planned.payload))
+            poison += planned.poison
+            filtered_items += planned.filtered_items
+            filtered.update(planned.filtered)
+            unchanged += planned.unchanged
+            rows[table] = planned.rows
+        try:
+            encoded = self._encode_parts(payload)
+        except Exception as exc:  # noqa: BLE001 - a value the sink refuses: the row path decides
+            log.info("columnar batch not encoded (%s); writing it by rows", type(exc).__name__,
+                     extra={"pipeline": self._pipeline, "error_class": getattr(exc, "error_class", None)})
+            return None
+        return ColumnarPlanned(encoded, sum(rows.values()), poison, filtered_items, filtered, unchanged,
+                               rows_by_table=rows)
+
+
+def _unencoded(table: Any) -> Any:
+    """A part's plan as it is: :class:`RoutedColumnarTier` encodes the parts together."""
+    return table
+
+
 def _use_system_allocator() -> None:
     """Arrow's buffers from the C library's allocator: the batches are small and short-lived, and
     jemalloc's background purging cost measurably more CPU per record here (own CPU of a 200k-record
@@ -223,6 +309,9 @@ def columnar_tier(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exa
     if said is not None:
         said("columnar")
     _use_system_allocator()
+    if p.routes_tables:
+        return RoutedColumnarTier(p.name, plan, sink.encode_routed, sink.write_encoded, row_mapper.map,
+                                  table_of=row_mapper.router.table)  # type: ignore[attr-defined]
     return ColumnarTier(p.name, plan, sink.encode_columns, sink.write_encoded, row_mapper.map)
 
 
@@ -258,10 +347,20 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
     why = None
     if not columnar_capable:
         why = f"sink kind {p.sink.kind!r} has no columnar write"
-    elif exactly_once:
-        why = "exactly-once delivery writes by rows"
-    elif p.format != "json" or p.envelope not in ("none", "debezium"):
-        why = "it reads JSON values only (plain, or Debezium change events)"
+    elif exactly_once and p.lanes != 1 and rule.key_index is not None:
+        # Lane offsets hold only under one routing: the tier may route a poison record by its key column,
+        # the row path by its Kafka key, so a restart on the other tier could skip it as written.
+        why = "exactly-once delivery with lanes above 1 into a table with a conflict key writes by rows"
+    elif exactly_once and (p.has_deletes or p.envelope != "none"):
+        why = "exactly-once delivery of change events or deletes writes by rows"
+    elif p.format not in ("json", "avro") or p.envelope not in ("none", "debezium"):
+        why = "it reads plain JSON or Avro values only (and Debezium change events in JSON)"
+    elif p.format == "avro" and p.envelope != "none":
+        why = "Avro change events (an envelope) are written by rows"
+    elif p.format == "avro" and p.sink.kind != "postgres":
+        why = "Avro values go columnar into PostgreSQL only"
+    elif p.format == "avro" and exactly_once:
+        why = "Avro values with exactly-once delivery write by rows"
     elif p.has_deletes and (why := _deletes_refusal(p)) is not None:
         pass
     elif rule.key_index is not None and (rule.keep != "last" or (rule.merge_deletes and not p.has_deletes)):
@@ -275,6 +374,10 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
     if plan is None:
         return row_mapper.columnar_refusal(rule.key_index, rule.version_index) or "its columns cannot be staged", \
             None, None
+    if p.routes_tables and (exactly_once or p.has_deletes or p.envelope != "none" or p.auto_columns
+                            or p.sink.kind != "postgres" or p.format != "json"):
+        return ("a pipeline routing to many tables has the tier for plain JSON rows into PostgreSQL at least "
+                "once, without deletes and with listed columns"), None, None
     if p.lanes != 1 and plan.route_refusal is not None:
         return f"lanes: {p.lanes} route by the mapped row's key: {plan.route_refusal}", None, None
     try:

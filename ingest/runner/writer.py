@@ -50,7 +50,7 @@ from ingest.errors import (
     UnclassifiedError,
 )
 from ingest.retry import retrying
-from ingest.sinks.base import ExactlyOnceFn, dedup_token, offsets_token
+from ingest.sinks.base import ColumnarBatch, ExactlyOnceFn, dedup_token, offsets_token
 from ingest.types import DeleteRow, Failure, Item, Partition, Record
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ class PreparedBatch:
     #: every item's offset by (partition, epoch): what the batch settles once written or dead-lettered
     done: dict[tuple[Partition, int], list[int]]
     #: at-least-once: the pre-failed items' DLQ entries and the groups to write (:meth:`BatchWriter.plan`);
-    #: None with exactly-once, which plans inside its transaction
+    #: None with exactly-once, which plans inside its transaction (and for a batch the columnar tier took)
     failures: list[DlqEntry] | None
     groups: list[list[Item]] | None
     #: the columnar tier took the batch (its items are not mapped): the columnar write and its poison
@@ -143,8 +143,8 @@ class BatchWriter:
         """``insert_tokens``: the sink deduplicates inserts by token (its capabilities say so): pass
         ``token=`` (:func:`~ingest.sinks.base.dedup_token` of the records behind the rows) to ``write``.
         ``columnar``: the pipeline's columnar tier; its batches arrive unmapped (:attr:`maps_in_lane`) and
-        :meth:`prepare` maps them. Not with ``exactly_once``."""
-        assert columnar is None or exactly_once is None, "the columnar tier writes at least once"
+        :meth:`prepare` maps them (with ``exactly_once``, the batch the tier took is written in the
+        exactly-once transaction: :class:`~ingest.sinks.base.ColumnarBatch`)."""
         self._columnar = columnar
         #: rows end with their table (ingest.mirror.router): completions count rows per table
         self._routed = routed
@@ -217,7 +217,7 @@ class BatchWriter:
             if planned is not None:
                 return PreparedBatch(items, size, oldest, done, None, None, planned)
             items, filtered, unchanged = tier.map_items(items)
-            failures, groups = self.plan(items)
+            failures, groups = self.plan(items) if self._exactly_once is None else (None, None)
             return PreparedBatch(items, size, oldest, done, failures, groups, filtered=filtered, unchanged=unchanged)
         failures, groups = self.plan(items) if self._exactly_once is None else (None, None)
         return PreparedBatch(items, size, oldest, done, failures, groups)
@@ -250,7 +250,7 @@ class BatchWriter:
             if self._exactly_once is not None:
                 with grant() as waited_s:  # planning runs inside its transaction (after the offset check)
                     result.queue_wait_s = waited_s if slot else None
-                    failures = self._handle_exactly_once(lane, items, result, retries)
+                    failures = self._handle_exactly_once(lane, items, result, retries, prepared.columnar)
             elif prepared.columnar is not None:
                 failures = self._handle_columnar(prepared.columnar, items, prepared.done, result, retries, grant,
                                                  slot is not None)
@@ -334,6 +334,8 @@ class BatchWriter:
         result.rows_written = planned.rows
         result.rows_deleted = planned.deletes
         result.columnar_records = len(items)
+        if planned.rows_by_table is not None:  # a pipeline routing to many tables (RoutedColumnarTier)
+            result.rows_by_table = planned.rows_by_table
         return failures
 
     def _columnar_token(self, planned: ColumnarPlanned, done: dict[tuple[Partition, int], list[int]]) -> str:
@@ -402,14 +404,22 @@ class BatchWriter:
             result.refused_by_table = Counter(item.row[-1] for item, _ in poison)  # type: ignore[index]
         self._dead_letter(failures, retries)
 
-    def _handle_exactly_once(self, lane: int, items: Sequence[Item], result: Completion,
-                             retries: list[int]) -> list[DlqEntry]:
-        """One transaction for rows, DLQ entries and lane offsets (see ingest.exactly_once)."""
+    def _handle_exactly_once(self, lane: int, items: Sequence[Item], result: Completion, retries: list[int],
+                             planned: ColumnarPlanned | None = None) -> list[DlqEntry]:
+        """One transaction for rows, DLQ entries and lane offsets (see ingest.sinks.postgres.exactly_once);
+        ``planned``: the columnar tier took the batch (``items`` unmapped), written columnar in that
+        transaction when it can be, else by rows there."""
         eo = self._exactly_once
         assert eo is not None
+        kwargs = {}
+        if planned is not None:
+            tier = self._columnar
+            assert tier is not None
+            kwargs["columnar"] = ColumnarBatch(planned.payload, planned.rows, planned.poison,
+                                               lambda unmapped: tier.map_items(unmapped)[0])
         for attempt in self._retrying("exactly-once batch", retries):
             with attempt:
-                done = eo(lane, items)
+                done = eo(lane, items, **kwargs)
         result.rows_written = done.rows_written
         result.rows_deleted = done.rows_deleted
         if self._routed:
@@ -417,6 +427,7 @@ class BatchWriter:
             result.refused_by_table = Counter(item.row[-1] for item in done.refused)
         result.write_calls = done.write_calls
         result.skipped = done.already_written
+        result.columnar_records = len(items) if done.columnar else 0
         return done.dead_letters
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ingest.types import Item, Partition
+from ingest.types import Failure, Item, Partition
 
 if TYPE_CHECKING:
     from ingest.config import PipelineSettings
@@ -53,10 +53,29 @@ class ExactlyOnceResult:
     written: Sequence[Any] = ()
     #: the items the database refused alone (dead-lettered at stage ``write``), for the same counts
     refused: Sequence[Any] = ()
+    #: the batch's rows were written by its columnar write (:class:`ColumnarBatch`), not by rows
+    columnar: bool = False
 
 
-#: The exactly-once lane transaction: (lane, items) -> what it did; rows, DLQ rows and offsets commit together.
-ExactlyOnceFn = Callable[[int, Sequence[Item]], ExactlyOnceResult]
+@dataclass(frozen=True, slots=True)
+class ColumnarBatch:
+    """A lane batch the columnar tier planned (``ingest.runner.columnar``), for the exactly-once
+    transaction, whose items are unmapped: ``payload``, the sink's encoding of the batch's collapsed
+    rows (``encode_columns``; ``rows`` of them); ``poison``, the records the row mapper refused, each
+    with its failure; ``map_rows(items)``, the items mapped by the row mapper (with their row or
+    failure; a transform's filter's drops left out), for when the transaction writes them by rows
+    instead. The payload stands for every item of the batch: it may be written only when every
+    item is to be written."""
+
+    payload: Any
+    rows: int
+    poison: Sequence[tuple[Item, Failure]]
+    map_rows: Callable[[Sequence[Item]], list[Item]]
+
+
+#: The exactly-once lane transaction: ``(lane, items, columnar=None)`` -> what it did; rows, DLQ rows and
+#: offsets commit together. ``columnar``: the items are unmapped and the tier planned them (:class:`ColumnarBatch`).
+ExactlyOnceFn = Callable[..., ExactlyOnceResult]
 
 
 @dataclass(frozen=True, slots=True)

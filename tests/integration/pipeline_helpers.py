@@ -493,17 +493,19 @@ class SteadyProducer(threading.Thread):
 
 
 def run_pipeline_on_off(tmp_path: Path, bootstrap: str, topic: str, dlq_dsn: str, pipeline: dict[str, Any],
-                        columnar: bool | None) -> tuple[dict[str, Any], list[tuple]]:
+                        columnar: bool | None, top: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[tuple]]:
     """Run one pipeline (``pipeline``: its settings but ``name``-derived group, batch and ``columnar``)
     over ``topic`` until idle with ``columnar`` set (None: unset); assert it exited 0 and committed at
     the log end. Returns its summary stats and its PostgreSQL DLQ rows (partition, offset, stage,
-    error class, message) in offset order. For the columnar tier's on/off differentials."""
+    error class, message) in offset order. For the columnar tier's on/off differentials. ``top``:
+    more top-level settings (``schema_registry``)."""
     name = pipeline["name"]
     cfg = {
         "kafka": {"bootstrap_servers": bootstrap,
                   "client": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}},
         "pipelines": [{**pipeline, "topics": [topic], "group_id": f"{name}-{topic}",
                        "batch": {"max_rows": 500, "max_latency_ms": 100}}],
+        **(top or {}),
     }
     if columnar is not None:
         cfg["pipelines"][0]["columnar"] = columnar

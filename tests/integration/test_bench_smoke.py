@@ -38,16 +38,20 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
     # the row path and the columnar tier end to end on one stream; it checks both tables
     ("columnar.py", ["--records", "3000", "--rounds", "1"],
      (re.compile(r"columnar / rows: records/s x[\d.]+, own CPU x-?[\d.]+"),)),
+    # JSON and Avro side by side, each by default (the columnar tier: every record, Avro too) and by rows
     ("pg_pipeline.py", ["--records", "3000", "--naive-records", "100", "--rounds", "1", "--processes", "0",
                         "--lanes", "1", "--format", "both"],
-     "json lanes=1 1000 rows (1000 written); avro lanes=1 1000 rows (1000 written)"),
+     (("json lanes=1 1000 rows (1000 written), lanes=1, rows 1000 rows (1000 written); "
+       "avro lanes=1 1000 rows (1000 written), lanes=1, rows 1000 rows (1000 written)"),
+      re.compile(r"^lanes=1 +avro +[\d,]+ +[\d,]+ +-?[\d.]+ +100\.0%$", re.MULTILINE),
+      re.compile(r"^lanes=1, rows +avro +[\d,]+ +[\d,]+ +-?[\d.]+ +0\.0%$", re.MULTILINE))),
     # JSON, Avro and Protobuf side by side: a protobuf row (records/s best, median, own CPU) and its ratio
     # row in the table, and its end-to-end table checked against the stream like the other two.
     ("pg_pipeline.py", ["--records", "3000", "--naive-records", "100", "--rounds", "1", "--processes", "0",
-                        "--lanes", "1", "--format", "all"],
+                        "--lanes", "1", "--format", "all", "--no-rows"],
      (("json lanes=1 1000 rows (1000 written); avro lanes=1 1000 rows (1000 written); "
        "protobuf lanes=1 1000 rows (1000 written)"),
-      re.compile(r"^lanes=1 +protobuf +[\d,]+ +[\d,]+ +-?[\d.]+$", re.MULTILINE),
+      re.compile(r"^lanes=1 +protobuf +[\d,]+ +[\d,]+ +-?[\d.]+ +0\.0%$", re.MULTILINE),
       re.compile(r"^lanes=1 +protobuf/json +x[\d.]+ +x-?[\d.]+$", re.MULTILINE))),
     # the default (columnar) configuration and the row path beside it, each saying which path it took
     ("clickhouse_pipeline.py", ["--records", "3000", "--rounds", "1", "--lanes", "1"],

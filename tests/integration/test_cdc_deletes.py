@@ -295,3 +295,33 @@ def test_tombstones_past_their_retention_are_expired(tmp_path, kafka_bootstrap, 
     _run(path, tmp_path)
     assert [r["id"] for r in _pg_rows(pg_dsn, "SELECT id FROM items_ingest_deleted")] == [2]
     assert _pg_rows(pg_dsn, "SELECT count(*) AS n FROM items") == [{"n": 0}]
+
+
+def test_soft_deletes_of_a_table_with_json_columns(pg_dsn):
+    """Soft deletes into a table with ``json`` / ``jsonb`` columns (staged as text): a batch with a delete
+    runs the statement that writes a delete with its row's values, which must cast them like the upsert
+    (it once read the stage's text into the json columns, and every batch with a delete failed with
+    SQLSTATE 42804, a transient error: the pipeline retried and stopped). A delete with its row's values
+    keeps them, marked."""
+    from ingest.config.cdc import DeleteSettings
+    from ingest.sinks.postgres.settings import PostgresSinkSettings
+    from ingest.sinks.postgres.sink import PostgresSink
+    from ingest.sinks.postgres.statements import DeleteStatements, sink_table_sql
+    from ingest.types import DeleteRow, ImageDeleteRow
+
+    cfg = PostgresSinkSettings(dsn=pg_dsn, table="docs", conflict_key=["id"],
+                               columns={"id": {"type": "bigint"}, "doc": {"type": "jsonb"}, "raw": {"type": "json"}})
+    deletes = DeleteSettings(mode="soft")
+    d = DeleteStatements(cfg, deletes)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for statement in [*sink_table_sql(cfg), d.create_tombstones, d.soft_column_ddl]:
+            conn.execute(statement)
+    sink = PostgresSink(cfg, pool_size=1, deletes=deletes)
+    try:
+        sink.write([(1, '{"a": 1}', '[1,  2]', 7, 1), (2, '{"b": 2}', '"x"', 7, 2)])
+        sink.write([DeleteRow((1, None, None, 7, 3)), ImageDeleteRow((2, '{"b": 3}', '"y"', 7, 4))])
+    finally:
+        sink.close()
+    rows = _pg_rows(pg_dsn, "SELECT id, doc, raw::text AS raw, deleted_at IS NOT NULL AS gone FROM docs ORDER BY id")
+    assert rows == [{"id": 1, "doc": {"a": 1}, "raw": "[1,  2]", "gone": True},
+                    {"id": 2, "doc": {"b": 3}, "raw": '"y"', "gone": True}]

@@ -106,6 +106,54 @@ def test_columnar_write_stores_what_the_row_path_stores(pg_dsn):
         by_columns.close()
 
 
+@pytest.mark.parametrize("skip_unchanged", [True, False])
+def test_a_replayed_columnar_batch_rewrites_no_row(pg_dsn, skip_unchanged):
+    """``sink.skip_unchanged`` (the default) on the columnar tier's upsert: a replayed batch (the same
+    records at the same offsets) leaves every row's ``xmin``; a changed record rewrites its row alone,
+    and so does an identical one from another offset (its source columns move). Off: every row is
+    rewritten. A ``json`` column (no equality operator) is compared as its text."""
+    columns = {**COLUMNS, "raw": {"type": "json", "source": "$.raw"}}
+    cfg = PostgresSinkSettings(dsn=pg_dsn, table="replayed", conflict_key=["id"], columns=columns,
+                               skip_unchanged=skip_unchanged)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for statement in sink_table_sql(cfg):
+            conn.execute(statement)
+    sink = PostgresSink(cfg, pool_size=1)
+    mapper = Mapper(cfg.columns)
+    plan = mapper.columnar_plan(cfg.collapse_rule().key_index)
+    assert plan is not None
+    sink.use_columnar(plan.columns)
+    docs = [{**doc, "raw": {"z": [1, 2], "a": None}} for doc in AWKWARD]
+
+    def write(records: list[Record]) -> dict[int, int]:
+        built = plan.build(records)
+        assert built is not None and built.rejected == []
+        sink.write_columns(built.table)
+        with psycopg.connect(pg_dsn) as conn:
+            return dict(conn.execute("SELECT id, xmin::text::bigint FROM replayed").fetchall())
+
+    records = [Record("t", 0, i, b"k", orjson.dumps(doc), 0) for i, doc in enumerate(docs)]
+    try:
+        first = write(records)
+        assert len(first) == len(AWKWARD)
+        again = write(records)
+        if skip_unchanged:
+            assert again == first
+        else:
+            assert all(again[k] != first[k] for k in first)
+        changed = [*records[:2], Record("t", 0, 2, b"k", orjson.dumps({**docs[2], "raw": {"z": [1, 2]}}), 0),
+                   Record("t", 0, 30, b"k", orjson.dumps(docs[3]), 0), *records[4:]]
+        after = write(changed)
+        rewritten = {k for k in after if after[k] != again[k]}
+        assert rewritten == ({3, 4} if skip_unchanged else set(after))  # ids 3 (raw) and 4 (offset 30)
+        with psycopg.connect(pg_dsn) as conn:
+            assert conn.execute("SELECT raw::text, _ingest_offset FROM replayed WHERE id = 3").fetchone() == (
+                '{"z":[1,2]}', 2)
+            assert conn.execute("SELECT _ingest_offset FROM replayed WHERE id = 4").fetchone() == (30,)
+    finally:
+        sink.close()
+
+
 def _stream() -> list[tuple[bytes, bytes]]:
     """Clean records with updates, poison of every kind, values only the row mapper takes."""
     stamps = ["2025-11-30T10:11:12Z", "2025-11-30T10:11:12.345+02:00", "2025-11-30 10:11:12.5"]

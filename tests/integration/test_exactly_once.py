@@ -89,9 +89,10 @@ STREAM_SECONDS = 3.0
 
 
 def events_config(*, bootstrap: str, topic: str, group: str, dsn: str, delivery: str,
-                  lanes: int = LANES, write_method: str = "copy") -> dict[str, Any]:
-    """One pipeline ``events`` into the append-only table ``events`` (no key, plain INSERT)."""
-    return {
+                  lanes: int = LANES, write_method: str = "copy", columnar: bool | None = None) -> dict[str, Any]:
+    """One pipeline ``events`` into the append-only table ``events`` (no key, plain INSERT); ``columnar``:
+    the pipeline's setting (None: unset, so the columnar tier writes it, as it fits)."""
+    config = {
         "kafka": {"bootstrap_servers": bootstrap, "client": dict(TEST_CONSUMER_SETTINGS)},
         "pipelines": [{
             "name": PIPELINE,
@@ -119,6 +120,9 @@ def events_config(*, bootstrap: str, topic: str, group: str, dsn: str, delivery:
             "dlq": {"kind": "postgres"},
         }],
     }
+    if columnar is not None:
+        config["pipelines"][0]["columnar"] = columnar
+    return config
 
 
 def run_args(config: Path, *, until_idle: float | None = None, summary: Path | None = None) -> list[Any]:
@@ -387,10 +391,10 @@ class Scenario:
 
 def new_scenario(*, kafka_bootstrap: str, pg_dsn: str, topic: str, group_id: str, tmp_path: Path,
                  delivery: str, total: int, seed: int, poison_frac: float = 0.0,
-                 write_method: str = "copy") -> Scenario:
+                 write_method: str = "copy", columnar: bool | None = None) -> Scenario:
     config = write_and_migrate(tmp_path, events_config(
         bootstrap=kafka_bootstrap, topic=topic, group=group_id, dsn=pg_dsn, delivery=delivery,
-        write_method=write_method))
+        write_method=write_method, columnar=columnar))
     return Scenario(kafka_bootstrap, topic, group_id, pg_dsn, config, tmp_path,
                     EventGen(seed, poison_frac=poison_frac), random.Random(seed), delivery, total)
 
@@ -518,22 +522,23 @@ def test_at_least_once_append_only_duplicates_after_sigkills(kafka_bootstrap, pg
 # --------------------------------------------------------------------------- 3. poison, exactly once
 
 
-@pytest.mark.parametrize("write_method", ["copy", "values"])
+@pytest.mark.parametrize(("write_method", "columnar"), [("copy", None), ("values", None), ("copy", False)])
 def test_exactly_once_poison_records_dead_lettered_once(kafka_bootstrap, pg_dsn, new_topic, group_id, tmp_path,
-                                                        write_method):
+                                                        write_method, columnar):
     """Exactly-once with poison mixed in: invalid JSON (decode) and rows that violate a CHECK
     constraint the table got after ``migrate`` (write, isolated with savepoints inside the batch
     transaction -- several pieces per transaction, with both write methods). One SIGKILL mid-run
     makes ingest re-read part of the stream. At the end: the table holds exactly the good
     records, each once; every poison record is one DLQ row with ``attempts == 1`` (its DLQ
     insert committed with the batch and was not repeated on the re-read); stored and committed
-    offsets are at the log end."""
+    offsets are at the log end. By default the columnar tier writes the stream (a batch with a row the
+    database refuses goes by rows, inside the same transaction); ``columnar: false``, by rows."""
     total = 8_000
     seed = seed_for("eo-poison")
     topic = new_topic(6)
     s = new_scenario(kafka_bootstrap=kafka_bootstrap, pg_dsn=pg_dsn, topic=topic, group_id=group_id,
                      tmp_path=tmp_path, delivery="exactly_once", total=total, seed=seed, poison_frac=0.01,
-                     write_method=write_method)
+                     write_method=write_method, columnar=columnar)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f"ALTER TABLE {TABLE} ADD CONSTRAINT events_k_nonneg CHECK (k >= 0)")  # noqa: S608
     s.produce_now(2_000)
@@ -565,10 +570,66 @@ def test_exactly_once_poison_records_dead_lettered_once(kafka_bootstrap, pg_dsn,
         assert (d["pipeline"], d["topic"], bytes(d["value"])) == (PIPELINE, topic, log[pos])
         assert d["attempts"] == 1 and d["status"] == "pending", f"DLQ row written more than once: {d}"
     ends = assert_offsets_at_log_end(s)
+    assert stats["write_tier"] == ("rows (columnar: false)" if columnar is False else "columnar"), stats["write_tier"]
     print(f"eo-poison: {total} records, {len(good)} good, {n_bad_json} bad JSON, "
           f"{len(poison) - n_bad_json} CHECK violations; kill {s.kills[0]}; final run read "
           f"{stats['records_consumed']}, already written {stats['already_written']}, "
           f"dead-lettered {stats['dead_lettered_by_class']}; log end {ends}")
+
+
+# --------------------------------------------------------------------------- 3b. the columnar tier, killed
+
+
+def test_exactly_once_columnar_survives_sigkills(kafka_bootstrap, pg_dsn, new_topic, group_id, tmp_path):
+    """The columnar tier under exactly-once (issue #38 item 1): 6000 keyed records (1 % poison; the
+    invalid JSON is dead-lettered beside the columnar write, the table has no CHECK here, so a batch
+    goes by rows only where it holds records already written) into the append-only table with 4
+    lanes; ingest is SIGKILLed right after a write, three times, and a final ``--until-idle`` run
+    drains. The table holds every good record exactly once, every poison record is one DLQ row
+    written once, stored and committed offsets are at the log end, and the final run wrote on the
+    columnar tier. (Rows the database refuses under kills: the poison test above, on the tier by
+    default.)"""
+    total, kills = 6_000, 3
+    seed = seed_for("eo-columnar-kills")
+    topic = new_topic(6)
+    config = events_config(bootstrap=kafka_bootstrap, topic=topic, group=group_id, dsn=pg_dsn,
+                           delivery="exactly_once", columnar=True)
+    # Batches of at most 250: the final run's first batch of each lane holds records already written
+    # (written by rows: the columnar payload stands for every record of its batch), its later ones not.
+    config["pipelines"][0]["batch"]["max_rows"] = 250
+    s = Scenario(kafka_bootstrap, topic, group_id, pg_dsn, write_and_migrate(tmp_path, config), tmp_path,
+                 EventGen(seed, poison_frac=0.01), random.Random(seed), "exactly_once", total)
+    s.align = lambda i: True  # every kill right after a batch committed: the window exactly-once closes
+    s.produce_now(total // 10)
+    chunk = (total - s.produced) // (2 * kills + 2)
+    for _ in range(kills):
+        s.kill_cycle(chunk)
+    if sum(k.exposed for k in s.kills) == 0:  # every kill landed right after an offset store: once more
+        for _ in range(kills):
+            s.kill_cycle(chunk)
+    stats = s.final_run()
+
+    log = log_positions(kafka_bootstrap, topic)
+    assert len(log) == total
+    kinds = {pos: classify_value(v) for pos, v in log.items()}
+    good = {(p, o, i) for (p, o), (kind, i) in kinds.items() if kind != "bad_json"}  # k = -1 is a row here
+    poison = {pos for pos, (kind, _) in kinds.items() if kind == "bad_json"}
+    assert poison, "the seed produced no poison"
+    rows = table_positions(pg_dsn)
+    assert len(rows) == len(set(rows)), f"{len(rows) - len(set(rows))} duplicate rows"
+    missing, extra = good - set(rows), set(rows) - good
+    assert not missing and not extra, f"{len(missing)} records missing (e.g. {sorted(missing)[:5]}), " \
+                                      f"{len(extra)} unexpected rows (e.g. {sorted(extra)[:5]})"
+    dlq = dlq_entries(pg_dsn)
+    assert sorted((d["partition"], d["offset"]) for d in dlq) == sorted(poison)
+    assert all(d["attempts"] == 1 for d in dlq), [d for d in dlq if d["attempts"] != 1]
+    ends = assert_offsets_at_log_end(s)
+    assert stats["write_tier"] == "columnar" and stats["columnar_records"] > 0, stats
+    exposed = sum(k.exposed for k in s.kills)
+    assert exposed > 0, "no kill left rows above the stored watermark: the scenario tested nothing"
+    print(f"eo-columnar-kills: {total} records, {len(poison)} poison, {len(s.kills)} SIGKILLs, rows above the "
+          f"stored watermark at the kills {[k.exposed for k in s.kills]}; final run read {stats['records_consumed']}, "
+          f"already written {stats['already_written']}, columnar {stats['columnar_records']}; log end {ends}")
 
 
 # --------------------------------------------------------------------------- 4. the advisory Kafka commit

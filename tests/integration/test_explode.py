@@ -125,6 +125,61 @@ def test_children_follow_the_latest_parent_in_one_transaction(pg_dsn: str) -> No
         w.sink.close()
 
 
+def xmins(dsn: str) -> tuple[dict[int, int], dict[tuple[int, int], int]]:
+    """Each order's and each item's ``xmin`` (the transaction that wrote its current version)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        orders = dict(conn.execute(f"SELECT id, xmin::text::bigint FROM {ORDERS}").fetchall())
+        items = {(o, n): x for o, n, x in conn.execute(
+            f'SELECT order_id, line_no, xmin::text::bigint FROM "{ITEMS}"').fetchall()}
+    return orders, items
+
+
+@pytest.mark.parametrize("skip_unchanged", [True, False])
+def test_a_replayed_parent_keeps_its_children_and_gets_new_ones(pg_dsn: str, skip_unchanged: bool) -> None:
+    """``sink.skip_unchanged``: a replayed batch (the same records at the same offsets) rewrites neither
+    the parents nor the children (with the setting off, both are rewritten). A parent the upsert leaves
+    unchanged still counts as applied: when the same record's children are not what the child table
+    holds (a child column or explode step changed, a child table emptied), the replay writes them.
+    A late writer still changes no child."""
+    settings = pipeline(pg_dsn, sink={"skip_unchanged": skip_unchanged})
+    w = Writer(PipelineSettings.model_validate(settings))
+    batch = [(0, 1, order(1, ("a", 1), ("b", 2))), (0, 2, order(2, ("x", 9)))]
+    want = {1: [(1, "a", 1), (2, "b", 2)], 2: [(1, "x", 9)]}
+    try:
+        w.write(*batch)
+        before = xmins(pg_dsn)
+        w.write(*batch)
+        assert items_table(pg_dsn) == want
+        orders, items = xmins(pg_dsn)
+        if skip_unchanged:
+            assert (orders, items) == before
+        else:
+            assert all(orders[k] != before[0][k] for k in orders) and all(items[k] != before[1][k] for k in items)
+        # the child table emptied behind the parents (a new explode step would start so): a replay fills it
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f'TRUNCATE "{ITEMS}"')
+        w.write(*batch)
+        assert items_table(pg_dsn) == want
+        if skip_unchanged:
+            assert xmins(pg_dsn)[0] == before[0]  # the parents were left as they were
+        # a late writer (an older offset of the partition), its items different: no child changes
+        w.write((0, 0, order(1, ("late", 5))))
+        assert items_table(pg_dsn) == want
+    finally:
+        w.sink.close()
+    # the same records, the step's children numbered from 0 now: the replaced children follow the
+    # unchanged parents (stale ones deleted, new ones written)
+    settings["transforms"][1]["explode"]["index_start"] = 0
+    w = Writer(PipelineSettings.model_validate(settings))
+    try:
+        w.write(*batch)
+        assert items_table(pg_dsn) == {1: [(0, "a", 1), (1, "b", 2)], 2: [(0, "x", 9)]}
+        if skip_unchanged:
+            assert xmins(pg_dsn)[0] == before[0]
+    finally:
+        w.sink.close()
+
+
 def test_a_child_the_database_refuses_rolls_back_its_parent(pg_dsn: str) -> None:
     """The parent and its children are one transaction: a child row the database rejects (a CHECK
     constraint) leaves neither the new parent nor any of its children, and the error is the data's."""

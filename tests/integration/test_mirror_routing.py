@@ -197,7 +197,7 @@ def test_check_lists_the_table_each_topic_routes_to(kafka_bootstrap, pg_dsn, gro
     assert f"topic {prefix}.public.orders -> table orders" in res.stdout
     assert f"topic {prefix}.public.order.lines -> table order_lines" in res.stdout
     assert f"topic {prefix}.public.ingest_offsets cannot be routed: table name 'ingest_offsets' is one of" in res.stdout
-    assert "write tier: rows (the pipeline routes to many tables" in res.stdout
+    assert "write tier: columnar" in res.stdout  # plain JSON routed by the topic: the tier splits batches by table
     # migrate creates the tables of the topics that exist (the run creates the others on their first record)
     res = run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -316,3 +316,68 @@ def test_a_role_that_may_only_write_its_tables_writes_them(pg_dsn: str) -> None:
             conn.execute(f"REVOKE ALL ON SCHEMA public FROM {role}")
             conn.execute(f'REVOKE ALL ON DATABASE "{db}" FROM {role}')
             conn.execute(f"DROP ROLE {role}")
+
+
+def test_routed_batches_on_the_columnar_tier_write_what_the_row_path_writes(
+        kafka_bootstrap, pg_dsn, tmp_path: Path) -> None:
+    """A template reading the topic only: the columnar tier splits each batch by table (one key in two
+    tables is two rows), and every table, the DLQ and the committed offsets equal the row path's."""
+    rng = random.Random("routed-columnar")
+    prefix = f"rc{rng.randrange(10**6)}"
+    names = ["orders", "items", "payments", "ingest_offsets"]  # the last cannot be a table: unroutable
+    for name in names:
+        create_topic(kafka_bootstrap, f"{prefix}.{name}", 2)
+    for name in names:
+        records = []
+        for i in range(600 if name != "ingest_offsets" else 20):
+            key = rng.randrange(150)  # the same keys in every table, updated often
+            doc: Any = {"id": key, "name": f"{name}-{i}", "amount": rng.randrange(10**8) / 100,
+                        "ts": f"2026-12-05T10:{i % 60:02d}:00Z"}
+            r = rng.random()
+            if r < 0.01:
+                value = b'{"id": 1, "name":'  # not JSON
+            elif r < 0.02:
+                value = json.dumps({"name": "no id"}).encode()  # a required column missing
+            elif r < 0.03:
+                value = json.dumps({**doc, "id": "seven"}).encode()  # a value of another type
+            else:
+                value = json.dumps(doc).encode()
+            records.append((str(key).encode(), value))
+        produce(kafka_bootstrap, f"{prefix}.{name}", records)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA tier_on; CREATE SCHEMA tier_off")
+    results = {}
+    for tier in ("on", "off"):
+        pipeline = {
+            "name": f"rc_{tier}", "topics": [f"^{prefix}\\.(?P<t>.+)$"], "group_id": f"{prefix}-{tier}", "lanes": 2,
+            "batch": {"max_rows": 300, "max_latency_ms": 100}, "commit_interval_ms": 200,
+            "columnar": tier == "on" or False,
+            "sink": {"kind": "postgres", "dsn": pg_dsn, "schema": f"tier_{tier}", "table": "{t}", "conflict_key": ["id"],
+                     "columns": {"id": {"type": "bigint", "required": True}, "name": {"type": "text"},
+                                 "amount": {"type": "numeric(12,2)"}, "ts": {"type": "timestamptz"}}},
+            "dlq": {"kind": "postgres", "dsn": pg_dsn, "table": f"dlq_{tier}"},
+        }
+        config = write_config(tmp_path / tier, {"kafka": {"bootstrap_servers": kafka_bootstrap,
+                                                          "client": dict(TEST_CONSUMER_SETTINGS)},
+                                                "pipelines": [pipeline]})
+        assert run_ingest(["migrate", "--config", config], timeout_s=60, log_dir=tmp_path).returncode == 0
+        summary = tmp_path / tier / "summary.json"
+        res = run_ingest(["run", "--config", config, "--until-idle", "2", "--metrics-port", "0", "--summary-json",
+                          summary], timeout_s=180, log_dir=tmp_path)
+        assert res.returncode == 0, res.stderr[-3000:]
+        stats = read_summary(summary)["pipelines"][f"rc_{tier}"]
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            tables = {name: sorted(conn.execute(psycopg.sql.SQL("SELECT id, name, amount, ts FROM {}").format(
+                psycopg.sql.Identifier(f"tier_{tier}", name))).fetchall()) for name in names[:-1]}
+            dlq = conn.execute(psycopg.sql.SQL('SELECT topic, "partition", "offset", stage, error_class FROM {} '
+                                               "ORDER BY 1, 2, 3").format(psycopg.sql.Identifier(f"dlq_{tier}"))
+                               ).fetchall()
+        for name in names:
+            assert_committed_at_log_end(kafka_bootstrap, f"{prefix}-{tier}", f"{prefix}.{name}")
+        results[tier] = (tables, dlq, stats)
+    (on_tables, on_dlq, on_stats), (off_tables, off_dlq, off_stats) = results["on"], results["off"]
+    assert on_tables == off_tables and all(len(rows) > 100 for rows in on_tables.values())
+    assert on_dlq == off_dlq and {r[4] for r in on_dlq} >= {"unroutable", "invalid_json", "missing_field"}
+    assert on_stats["columnar_records"] > on_stats["records_consumed"] / 2 and off_stats.get("columnar_records", 0) == 0
+    assert set(on_stats["rows_written_by_table"]) == set(names[:-1])
+    assert sum(on_stats["rows_written_by_table"].values()) == on_stats["rows_written"]

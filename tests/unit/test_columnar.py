@@ -482,10 +482,31 @@ def test_the_tier_names_the_first_column_it_cannot_take(column, version, key, wh
         assert refusal is not None and refusal.startswith(why), refusal
 
 
-def test_a_sink_without_the_capability_or_exactly_once_writes_by_rows():
-    for capable, exactly_once in ((False, False), (True, True)):
-        assert columnar_tier(_pipeline(), _ColumnarSink(), columnar_capable=capable, exactly_once=exactly_once,
-                             mapper=lambda: Mapper(CFG.columns)) is None
+def test_a_sink_without_the_capability_writes_by_rows():
+    assert columnar_tier(_pipeline(), _ColumnarSink(), columnar_capable=False, exactly_once=False,
+                         mapper=lambda: Mapper(CFG.columns)) is None
+
+
+@pytest.mark.parametrize(("lanes", "keyed", "on"), [(1, True, True), (1, False, True), (3, False, True),
+                                                    (2, True, False)])
+def test_exactly_once_has_the_tier_where_a_records_lane_does_not_depend_on_the_tier(lanes, keyed, on, caplog):
+    """Issue #38 item 1: one lane, or a table without a conflict key (records route by their Kafka key,
+    or their offset, on either tier); a keyed table with more lanes routes poison by its Kafka key on
+    the row path and maybe by its key column on the tier, which a restart on the other tier's lane
+    offsets would not survive: by rows, saying so."""
+    sink = {"kind": "postgres", "dsn": "postgresql://u@h/d", "table": "t", "columns": COLUMNS,
+            "delivery": "exactly_once", "dlq": None}
+    sink.pop("dlq")
+    sink.update({"conflict_key": ["event_id"]} if keyed else {"on_conflict": "none"})
+    p = PipelineSettings.model_validate({"name": "p", "topics": ["t"], "lanes": lanes, "sink": sink,
+                                         "dlq": {"kind": "postgres"}})
+    with caplog.at_level(logging.INFO, logger="ingest.runner.columnar"):
+        tier = columnar_tier(p, _ColumnarSink(), columnar_capable=True, exactly_once=True,
+                             mapper=lambda: Mapper(p.sink.columns))
+    assert (tier is not None) is on
+    if not on:
+        assert any("write tier: rows (exactly-once delivery with lanes above 1 into a table with a conflict key"
+                   in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("raw", [RAW, [b'{"id": 1, "s": 1}', b'{"id": 1, "s": 2}', b'{"id": 2}', b'{"id": 3}']])

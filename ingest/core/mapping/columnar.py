@@ -43,6 +43,7 @@ Pure logic, no I/O; pyarrow is imported only when a plan is made.
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 import re
 import sys
@@ -254,7 +255,9 @@ class ColumnarPlan:
     def __init__(self, names: Sequence[str], columns: Sequence[FastColumn], kinds: Sequence[StagedColumn],
                  keys: Sequence[str], key_index: tuple[int, ...] | None, version_index: int | None = None,
                  transform: Any = None, record_key_orders: bool = True,
-                 nested: dict[int, tuple[str, ...]] | None = None) -> None:
+                 nested: dict[int, tuple[str, ...]] | None = None,
+                 documents: Callable[[Sequence[Record], Sequence[str]], tuple[list[Sequence[Any]], set[int]]]
+                 | None = None) -> None:
         """``transform``: the pipeline's transforms compiled for the tier
         (:class:`ingest.core.transforms.columnar.ColumnarTransform`): the batch is decoded by its
         decoder and the columns read its results (``keys``: the document keys after the steps; no
@@ -266,7 +269,12 @@ class ColumnarPlan:
         key, by column position (-1: the pipeline key's), whose first key is among ``keys``: that key is
         decoded as an object of the next keys (:func:`_nested_struct`), and such a column reads its
         path, None where any step is missing or null (an object where a value is wanted, or a value
-        where an object is, is refused by the decoder: the row mapper decides)."""
+        where an object is, is refused by the decoder: the row mapper decides). ``documents``: the batch's
+        values are not JSON: ``documents(records, keys)`` gives each key's values over the batch and the
+        records the decoder refused, exactly as the pipeline's decoder gives the row mapper its documents
+        (the Avro decoder's ``decode_fields``, or :func:`document_fields` of a ``decode_batch``), and the
+        columns read those top-level keys; no ``transform`` or
+        ``nested`` then, and every column's values are type-checked (nothing is known of them)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -282,10 +290,16 @@ class ColumnarPlan:
         decoded_as = [next(iter(staged_as[key])) if len(staged_as.get(key, ())) == 1 else None for key in keys]
         self._transform = None if transform is None else transform.bind(keys)
         nested = nested or {}
-        #: the document keys the plan reads, in the decoder's field order (:meth:`build_fields`)
+        #: the document keys the plan reads, in the decoder's field order (:meth:`build_fields`; a non-JSON
+        #: format's ``documents`` get them too)
         self.keys = list(keys)
         #: the document paths of more than one key the plan reads, by column position
         self.nested = dict(nested)
+        #: the decoder of a non-JSON format's batches (see ``documents`` above), or None: JSON lines
+        self._documents = documents
+        if documents is not None:
+            assert transform is None and not nested, "non-JSON documents: top-level fields, no transforms"
+            decoded_as = [None] * len(keys)  # the documents' values are any Python objects: each checked
         if self._transform is not None:  # the columns read computed values: each is checked
             assert not nested, "transforms read top-level fields: no nested paths (Mapper.columnar_plan)"
             decoded_as = [None] * len(keys)
@@ -324,6 +338,10 @@ class ColumnarPlan:
                 reader = _field_reader(name)
                 typed = python_type in _STAGED_TYPES[staged.kind]
             self._readers.append((reader, staged, col.required, typed))
+        #: per column, with ``documents``: the row mapper's coercer where the plan stages a typed format's
+        #: logical-type values through it (:func:`_precoerced`: Decimal → numeric, datetime → timestamps)
+        self._coercers = [col.coerce if documents is not None and staged.kind in _PRECOERCED else None
+                          for col, staged in zip(columns, kinds, strict=True)]
         self._key_index = key_index
         self._version_index = version_index
         self._init_routing(columns, kinds, key_index, record_key_orders)
@@ -362,6 +380,10 @@ class ColumnarPlan:
             else:
                 self.route_refusal = f"the key column {staged.name!r} reads {col.metadata}, which the tier does not route by"
                 return
+        if doc_keys and self._documents is not None:
+            self.route_refusal = ("its key columns read the record value, which only the row mapper decodes "
+                                  "to route a non-JSON record")
+            return
         if doc_keys:
             kind_of = {doc_keys.index(columns[i].doc_key): kinds[i].kind for i in key_index  # type: ignore[arg-type]
                        if columns[i].doc_key is not None}
@@ -456,7 +478,6 @@ class ColumnarPlan:
         the whole batch. ``listed``: fields of the records the caller has already listed, by attribute
         name (``offset``: each record's offset, in order...), not listed again. Never raises for any
         record content."""
-        pa, pc = self._pa, self._pc
         n = len(records)
         if n == 0:
             return None
@@ -464,6 +485,13 @@ class ColumnarPlan:
         values = fields("value")
         if None in values or fields("origin").count(None) != n:
             return None  # tombstones and republished records: the row path
+        if self._documents is not None:  # a typed format's documents (Avro): decoded by its own decoder
+            try:
+                by_field, rejected = self._documents(records, self.keys)
+            except Exception:  # noqa: BLE001 - not a record's poison (a registry error): the row path handles it
+                return None
+            _reject_non_finite(by_field, rejected)
+            return self._columns(by_field, fields, rejected, n, {})
         joined = b"\n".join(values)
         if joined.count(b"\n") != n - 1:
             return None  # a value holds a newline: lines would not be records
@@ -485,27 +513,31 @@ class ColumnarPlan:
         filtered: dict[str, list[int]] = {}
         if self._transform is not None:  # the transforms' results, and the records they filtered
             by_field, filtered = self._transform.apply(by_field, fields, rejected, n)
-        return self._columns(fields, by_field, rejected, filtered, n, True)
+        return self._columns(by_field, fields, rejected, n, filtered)
 
     def build_fields(self, records: Sequence[Record], values: dict[str, list[Any]],
                      listed: dict[str, list[Any]] | None = None) -> ColumnarBatch | None:
-        """:meth:`build` of documents decoded elsewhere: ``values``, each document key the plan reads
-        (:attr:`keys`) with its values over the batch as a JSON decode gives them (None where missing;
-        every value's type is checked, none is trusted to a decoder). For a plan without transforms or
-        nested paths. Never raises for any record content."""
-        assert self._transform is None and not self.nested, "documents decoded elsewhere: top-level keys only"
+        """:meth:`build` of JSON documents decoded elsewhere (ingest.cdc.columnar: the row images of change
+        events): ``values``, each document key the plan reads (:attr:`keys`) with its values over the
+        batch as a JSON decode gives them (None where missing; every value's type is checked, none is
+        trusted to a decoder). For a plan of JSON values without transforms or nested paths. Never raises
+        for any record content."""
+        assert self._transform is None and not self.nested and self._documents is None, \
+            "JSON documents decoded elsewhere: top-level keys only"
         n = len(records)
         if n == 0:
             return None
         fields = BatchFields(records, listed)
         if fields("origin").count(None) != n:
             return None  # republished records: the row path
-        return self._columns(fields, [values[k] for k in self.keys], set(), {}, n, False)
+        return self._columns([values[k] for k in self.keys], fields, set(), n, {}, decoded=False)
 
-    def _columns(self, fields: BatchFields, by_field: list[Sequence[Any]], rejected: set[int],
-                 filtered: dict[str, list[int]], n: int, decoded: bool) -> ColumnarBatch | None:
-        """The rest of :meth:`build` once the documents' fields are listed (``by_field``: in :attr:`keys`
-        order); ``decoded``: by the plan's own decoder, whose type checks a column may rely on."""
+    def _columns(self, by_field: list[Sequence[Any]], fields: BatchFields, rejected: set[int], n: int,
+                 filtered: dict[str, list[int]], *, decoded: bool = True) -> ColumnarBatch | None:
+        """:meth:`build` from the documents' fields on (``by_field``: one sequence per decoded key, over
+        the batch, in :attr:`keys` order; ``rejected``: the positions already left to the row mapper,
+        added to here): the columns checked, built and collapsed. ``decoded``: by the plan's own
+        decoder, whose type checks a column may rely on (False: every column's values are checked)."""
         pa, pc = self._pa, self._pc
         arrays = []
         # each key column's values as Python objects equal where the row mapper's values are (the
@@ -515,6 +547,12 @@ class ColumnarPlan:
         for i, (reader, staged, required, typed) in enumerate(self._readers):
             kind = staged.kind
             column = reader(by_field, fields)
+            coerce = self._coercers[i]
+            if coerce is not None and _PRECOERCED[kind] in set(map(type, column)):
+                column, unfit = _precoerced(column, kind, coerce, staged.aware)
+                if unfit is not None:
+                    mask = pa.array(unfit)
+                    bad = mask if bad is None else pc.or_(bad, mask)
             types = None
             if not (typed and decoded):
                 types = set(map(type, column))
@@ -764,6 +802,38 @@ class BatchFields:
         return got
 
 
+def document_fields(documents: Callable[[Sequence[Record]], list[Any]], records: Sequence[Record],
+                    keys: Sequence[str]) -> tuple[list[Sequence[Any]], set[int]]:
+    """A non-JSON batch's documents as the plan reads them, from ``documents`` (a decoder's
+    ``decode_batch``): per key of ``keys``, each record's value of that top-level key (None where the
+    document lacks it, as the row mapper's getter reads a missing key), and the positions left to the
+    row mapper: a record whose decode raised InvalidRecord (its poison, which the row mapper decides
+    again, identically) and a document that is not a dict (the row mapper's ``not an object``).
+    Raises what ``documents`` raises (a registry error: the plan declines the batch)."""
+    docs = documents(records)
+    rejected: set[int] = set()
+    if not all(type(d) is dict for d in docs):
+        for i, d in enumerate(docs):
+            if type(d) is not dict:
+                rejected.add(i)
+        docs = [d if type(d) is dict else _NO_FIELDS for d in docs]
+    return [[d.get(key) for d in docs] for key in keys], rejected
+
+
+def _reject_non_finite(by_field: list[Sequence[Any]], rejected: set[int]) -> None:
+    """Add to ``rejected`` the records holding a non-finite float in a read field: JSON never has one,
+    and the plan's conversions were proven on JSON's values only (the row mapper decides them)."""
+    for column in by_field:
+        if float in set(map(type, column)):
+            for i, v in enumerate(column):
+                if type(v) is float and not math.isfinite(v):
+                    rejected.add(i)
+
+
+#: a refused document's fields (every key missing)
+_NO_FIELDS: dict[str, Any] = {}
+
+
 def _doc_reader(j: int) -> Callable[[list[Sequence[Any]], BatchFields], Sequence[Any]]:
     def read(by_field: list[Sequence[Any]], fields: BatchFields) -> Sequence[Any]:
         return by_field[j]
@@ -863,11 +933,87 @@ def _numeric_text(v: Any) -> bytes | None:
     return _number_text(v)
 
 
+class Digits(str):
+    """A numeric value the row mapper's coercer returned (a Decimal), as its exact text: what the plan
+    stages for a typed format's ``decimal`` (:func:`_precoerced`). A type of its own, so that text a
+    document holds (staged only as plain decimal digits, :func:`_numeric_text`; the rest the row mapper
+    parses) is never taken for it."""
+
+    __slots__ = ()
+
+
+class Micros(int):
+    """A timestamp the row mapper's coercer returned (a datetime), as microseconds since the epoch of
+    its column (aware: UTC; naive: its wall clock): what the plan stages for a typed format's
+    ``timestamp-*`` values (:func:`_precoerced`). A type of its own: an int a document holds is epoch
+    milliseconds."""
+
+    __slots__ = ()
+
+
+_STAGED_TYPES["numeric"] = _STAGED_TYPES["numeric"] | {Digits}
+_STAGED_TYPES["timestamp"] = _STAGED_TYPES["timestamp"] | {Micros}
+
+#: The kinds whose values of a typed format's logical types go through the row mapper's coercer, and
+#: the Python type of those values (fastavro's ``decimal`` and ``timestamp-*``).
+_PRECOERCED: dict[str, type] = {"numeric": Decimal, "timestamp": datetime}
+
+
+def _precoerced(column: Sequence[Any], kind: str, coerce: Callable[[Any], Any],
+                aware: bool = False) -> tuple[list[Any], list[bool] | None]:
+    """``column`` with each value of :data:`_PRECOERCED`'s type for ``kind`` replaced by what the row
+    mapper's own ``coerce`` makes of it, staged exactly: a Decimal as :class:`Digits` (its ``str``,
+    which PostgreSQL reads as the same number), a datetime as :class:`Micros` (since the epoch of its
+    own zone: ``aware`` says which the column's coercer returns); and the mask of the
+    values ``coerce`` refused (set to None: the row mapper decides them), None when it refused none.
+    Other values are left as they are (checked by type as always)."""
+    foreign = _PRECOERCED[kind]
+    try:  # the common case, in one comprehension: every value coerces (and a timestamp column's are all aware,
+        # or all naive); any exception: value by value below
+        if kind == "numeric":
+            return [_digits(coerce(v)) if type(v) is foreign else v for v in column], None
+        epoch = _EPOCH_AWARE if aware else _EPOCH_NAIVE  # what the column's coercer returns (else: below)
+        return [Micros((coerce(v) - epoch) // _US) if type(v) is foreign else v for v in column], None
+    except Exception:  # noqa: BLE001 - some value the coercer refuses (or a mix of aware and naive): below
+        pass
+    out = list(column)
+    unfit: list[bool] | None = None
+    for i, v in enumerate(out):
+        if type(v) is not foreign:
+            continue
+        try:
+            c = coerce(v)
+            if kind == "numeric":
+                if type(c) is not Decimal or not c.is_finite():
+                    raise ValueError(c)
+                out[i] = Digits(c)
+            else:
+                if type(c) is not datetime:
+                    raise ValueError(c)
+                out[i] = Micros((c - (_EPOCH_NAIVE if c.tzinfo is None else _EPOCH_AWARE)) // _US)
+        except Exception:  # noqa: BLE001 - the row mapper's failure (poison, or its business): it decides
+            out[i] = None
+            if unfit is None:
+                unfit = [False] * len(out)
+            unfit[i] = True
+    return out, unfit
+
+
+def _digits(c: Any) -> Digits:
+    """A numeric coercer's result as :class:`Digits`; ValueError for anything but a finite Decimal."""
+    if type(c) is not Decimal or not c.is_finite():
+        raise ValueError(c)
+    return Digits(c)
+
+
 def _number_text(v: Any) -> bytes | None:
     """A JSON number's text as ``float_decimal`` reads it (orjson's shortest digits of a float, an
-    int's digits): ``b"null"`` for a float that is not finite (orjson writes those so)."""
+    int's digits): ``b"null"`` for a float that is not finite (orjson writes those so); a
+    :class:`Digits` as its text."""
     if v is None:
         return None
+    if type(v) is Digits:
+        return v.encode()
     try:
         return orjson.dumps(v)
     except TypeError:  # an integer beyond 64 bits (the decoder refuses those): the row mapper's
@@ -882,7 +1028,7 @@ def _numeric_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColumn
     ``decimal.handling.mode=string``) is staged as itself when it is plain decimal digits
     (:data:`_PLAIN_DECIMAL`): ``Decimal(text)``, which ``_numeric`` gives the row path, and PostgreSQL's
     ``numeric`` input of the text are then the same number; other text goes to the row mapper."""
-    if not staged.as_text and int not in types and str not in types:
+    if not staged.as_text and int not in types and str not in types and Digits not in types:
         array = pa.array(column, type=pa.float64())
         return array, pc.invert(pc.is_finite(array))
     texts = list(map(_number_text, column)) if str not in types else list(map(_numeric_text, column))
@@ -915,6 +1061,12 @@ def _timestamp_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColu
     datetime stands for -- epoch milliseconds times 1000, ISO 8601 text parsed by the very
     ``datetime.fromisoformat`` it calls (text without a zone is UTC, a zone's offset is subtracted to
     the microsecond). The range check (``lo``/``hi``) rejects what lies beyond :data:`PG_US_MAX`."""
+    if Micros in types:  # a typed format's datetimes, as the row mapper coerced them (maybe beside ints)
+        if int in types:  # epoch milliseconds beside them: their microseconds, as Micros (not multiplied below)
+            column = [Micros(max(min(v, _MS_CLIP), -_MS_CLIP) * 1000) if type(v) is int else v for v in column]
+        if str not in types:
+            return pa.array(column, type=pa.int64()), None
+        types = types - {int}
     if str not in types:
         ms = pa.array(column, type=pa.int64())
         return pc.multiply(pc.max_element_wise(pc.min_element_wise(ms, _MS_CLIP, skip_nulls=False), -_MS_CLIP,
@@ -926,7 +1078,7 @@ def _timestamp_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColu
     offsets = [None if d is None else d.utcoffset() for d in parsed]
     us = pc.subtract(pa.array(walls, type=pa.timestamp("us")).cast(pa.int64()),
                      pc.fill_null(pa.array(offsets, type=pa.duration("us")).cast(pa.int64()), 0)).to_pylist()
-    out: list[Any] = list(column) if int in types else [None] * n
+    out: list[Any] = list(column) if int in types or Micros in types else [None] * n
     if int in types:
         for i, v in enumerate(out):
             if type(v) is int:

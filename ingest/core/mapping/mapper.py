@@ -55,6 +55,7 @@ parsed exactly.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -65,7 +66,7 @@ from ingest.config.base import ColumnSpec
 from ingest.core.dialects import ch_type, pg_base_type
 from ingest.core.mapping.coerce_ch import _ch_coercer, _ch_inline
 from ingest.core.mapping.coerce_pg import _coercer_for, _pg_inline
-from ingest.core.mapping.columnar import VERSION_KINDS, ColumnarPlan, ch_staged, pg_staged
+from ingest.core.mapping.columnar import VERSION_KINDS, ColumnarPlan, ch_staged, document_fields, pg_staged
 from ingest.core.mapping.common import (
     Coercer,
     Getter,
@@ -115,6 +116,13 @@ def _column_type(spec: ColumnSpec, dialect: str | None) -> tuple[str, str, Coerc
         return "", ch.name, _ch_coercer(ch), _ch_inline(ch), required, [] if ch.kind == "array" else None
     base, full = pg_base_type(spec.type)
     return base, full, _coercer_for(base), _pg_inline(base), spec.required, None
+
+
+def column_coercer(spec: ColumnSpec, dialect: str) -> tuple[Coercer, bool]:
+    """``(coercer, required)`` of a column of ``spec``'s type in ``dialect`` (``columns: auto``, which
+    coerces each value exactly as a column of that type written by hand would)."""
+    _base, _full, coerce, _inline, required, _default = _column_type(spec, dialect)
+    return coerce, required
 
 
 def _compile_column(name: str, spec: ColumnSpec, dialect: str | None, source: str,
@@ -184,7 +192,8 @@ class Mapper:
 
     __slots__ = ("column_names", "column_types", "_plan", "_needs_json", "_needs_object", "_key_getter", "_fast",
                  "_fast_doc", "_untyped", "_decoder", "_describe", "fast_misses", "_typed_misses", "_typed_offered",
-                 "_typed_reviewed_misses", "_columnar_source", "_columnar_why", "_sources", "_columnar_nested")
+                 "_typed_reviewed_misses", "_columnar_source", "_columnar_why", "_sources", "_columnar_nested",
+                 "_columnar_documents")
 
     def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None, *,
                  dialect: str | None = None, decoder: Decoder | None = None,
@@ -261,6 +270,9 @@ class Mapper:
         #: document paths of more than one key the columnar plan decodes: by column position, and the
         #: pipeline key's (position -1)
         self._columnar_nested: dict[int, tuple[str, ...]] = {}
+        #: a non-JSON format's batch decoder the columnar plan reads documents with (its ``decode_batch``,
+        #: when the decoder declares ``columnar_documents``), None for JSON
+        self._columnar_documents: Any = None
         self._sources = sources
         if keys is not None and loads is orjson.loads:  # JSON values, every $ source one key: the typed tier
             dialects = {dialect or getattr(spec, "dialect", "postgres") for spec in columns.values()}
@@ -273,6 +285,17 @@ class Mapper:
                                            misses=self._typed_misses)
         elif loads is not orjson.loads:
             self._columnar_why = "its values are not JSON documents"
+            if getattr(self._decoder, "columnar_documents", False):  # Avro: the plan reads its decoded documents
+                self._columnar_why = self._untyped_reason(fast_columns, key_path, key_doc_key, key_typed) \
+                    if keys is None else None
+                dialects = {dialect or getattr(spec, "dialect", "postgres") for spec in columns.values()}
+                if keys is not None and len(dialects) == 1:
+                    self._columnar_source = (fast_columns, keys, dialects.pop())
+                    fields_of = getattr(self._decoder, "decode_fields", None)
+                    self._columnar_documents = fields_of if fields_of is not None else functools.partial(
+                        document_fields, self._decoder.decode_batch)
+                elif keys is not None:
+                    self._columnar_why = "its columns mix dialects"
         else:
             self._columnar_why = self._untyped_reason(fast_columns, key_path, key_doc_key, key_typed)
             nested = self._nested_paths(fast_columns, parsed, key_path)
@@ -323,7 +346,10 @@ class Mapper:
 
     def nested_refusal(self) -> str | None:
         """Why a plan with transforms cannot read these columns: the first column reading a nested path
-        (the steps' decoder reads top-level fields), or None."""
+        (the steps' decoder reads top-level fields), or None -- or that the values are not JSON (the
+        steps' decoder reads JSON)."""
+        if self._columnar_documents is not None:
+            return "with transforms the tier reads JSON values only"
         for position in sorted(self._columnar_nested):
             if position >= 0:
                 name = self.column_names[position]
@@ -388,10 +414,11 @@ class Mapper:
             kinds.append(staged)
         if version_index is not None and kinds[version_index].kind not in VERSION_KINDS:
             return None
-        if transform is not None and self._columnar_nested:  # the steps' decoder reads top-level fields
-            return None
+        if transform is not None and (self._columnar_nested or self._columnar_documents is not None):
+            return None  # the steps' decoder reads top-level fields of JSON values
         return ColumnarPlan(self.column_names, columns, kinds, keys, key_index, version_index, transform=transform,
-                            record_key_orders=self._key_getter is None, nested=self._columnar_nested)
+                            record_key_orders=self._key_getter is None, nested=self._columnar_nested,
+                            documents=self._columnar_documents)
 
     @property
     def typed(self) -> bool:

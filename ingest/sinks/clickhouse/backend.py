@@ -36,6 +36,9 @@ class ClickHouseBackend:
 
     def describe(self, settings: object) -> str:
         assert isinstance(settings, ClickHouseSinkSettings)
+        if settings.auto_columns:
+            return (f"tables {settings.database}.{settings.table} (columns auto: each made from its records' "
+                    f"schemas, ordered by their key) at {redact_url(settings.url)}")
         if "{" in settings.table:
             return (f"tables {settings.database}.{settings.table} (a template: one table per record's name) "
                     f"at {redact_url(settings.url)}")

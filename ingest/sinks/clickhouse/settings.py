@@ -67,11 +67,19 @@ class ClickHouseSinkSettings(SinkSettingsBase):
     #: ``auto``: insert ``FORMAT Arrow`` when pyarrow is installed and every column type has an
     #: Arrow counterpart (see ingest/sinks/clickhouse/arrow.py), else Native; ``native``: always Native.
     insert_format: Literal["auto", "native"] = "auto"
+    #: ``columns: auto`` (ingest.mirror.auto, ingest.sinks.clickhouse.auto): each table's columns and
+    #: sorting key come from the schema its records were written with; set from ``columns: auto``.
+    auto_columns: bool = False
+    #: With ``columns: auto``: how a table follows its schema (ingest.mirror.evolve): ``off``,
+    #: ``add_columns`` (new fields become ``Nullable`` columns) or ``add_and_widen``.
+    evolve: Literal["off", "add_columns", "add_and_widen"] = "add_columns"
 
     @model_validator(mode="before")
     @classmethod
     def _default_version(cls, data: Any) -> Any:
-        """Without ``version_column``: add the hidden ``_version UInt64`` column fed from ``@offset``."""
+        """Without ``version_column``: add the hidden ``_version UInt64`` column fed from ``@offset``.
+        ``columns: auto``: the carrier columns instead (:func:`auto_columns`)."""
+        data = auto_columns(data)
         if not isinstance(data, dict) or data.get("version_column") is not None:
             return data
         columns = data.get("columns")
@@ -176,6 +184,41 @@ class ClickHouseSinkSettings(SinkSettingsBase):
         return {name: ch_type(spec.type) for name, spec in self.columns.items()}
 
 
+
+
+def auto_columns(data: Any) -> Any:
+    """Raw sink settings with ``columns: auto`` → the carrier columns of :mod:`ingest.mirror.auto` with
+    ClickHouse types, ``order_by`` the carrier's key and ``version_column`` its offset (so a batch
+    collapses each key to its last record, as the table's hidden ``_version`` -- the offset -- keeps it),
+    and ``auto_columns: true``. ``order_by`` / ``conflict_key`` may be ``auto`` or left out (each table
+    is ordered by its records' key); ``version_column``, ``version`` and ``cluster`` are refused (not
+    supported with ``columns: auto`` yet). Other settings pass unchanged."""
+    if not isinstance(data, dict):
+        return data
+    if data.get("columns") != "auto":
+        for name in ("order_by", "conflict_key"):
+            if data.get(name) == "auto":
+                raise ValueError(f"{name}: auto goes with columns: auto (the key of a schema's table)")
+        return data
+    from ingest.mirror.auto import CARRIER_KEY, CARRIER_SHAPE, CARRIER_VALUES  # imports no settings
+
+    out = dict(data)
+    for name in ("order_by", "conflict_key"):
+        if out.pop(name, "auto") not in ("auto", None):
+            raise ValueError(f"columns: auto orders each table by its records' key: set {name}: auto "
+                             "(or leave it out)")
+    for name in ("version_column", "version", "cluster"):
+        if out.get(name) is not None:
+            raise ValueError(f"{name}: not supported with columns: auto yet (each table is versioned by the "
+                             "Kafka offset, in the hidden _version column)")
+    out["columns"] = {CARRIER_KEY: {"type": "String"}, CARRIER_SHAPE: {"type": "String"},
+                      CARRIER_VALUES: {"type": "String"}, AUTO_STREAM_COLUMN: {"type": "Int64"},
+                      AUTO_OFFSET_COLUMN: {"type": "UInt64"}}
+    return {**out, "order_by": [CARRIER_KEY], "version_column": AUTO_OFFSET_COLUMN, "auto_columns": True}
+
+
+#: The carrier's source columns (ingest.mirror.auto: stream and offset); the offset versions each table.
+AUTO_STREAM_COLUMN, AUTO_OFFSET_COLUMN = "_ingest_stream", "_ingest_offset"
 
 
 #: ClickHouse column kinds whose values come back from a query as the mapper makes them (explode compares them)

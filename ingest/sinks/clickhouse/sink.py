@@ -55,24 +55,29 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ingest.core.dialects import ch_type
+from ingest.core.dialects import ch_quote_ident, ch_type
 from ingest.core.mapping.columnar import StagedColumn
 from ingest.errors import (
     IngestError,
+    MigrationError,
     PermanentError,
     ServiceUnreachable,
     TransientError,
+    UnclassifiedError,
 )
 from ingest.sinks.base import InTransaction
 from ingest.sinks.clickhouse.arrow import ArrowEncoder, ColumnarConverter
-from ingest.sinks.clickhouse.errors import classify
+from ingest.sinks.clickhouse.errors import classify, error_code
 from ingest.sinks.clickhouse.settings import DELETED_COLUMN, ClickHouseSinkSettings
 from ingest.mirror.router import table_of, without_table
 from ingest.sinks.clickhouse.children import ChildTable
 from ingest.types import DeleteRow
+
+if TYPE_CHECKING:
+    from ingest.sinks.clickhouse.auto import AutoTable, ClickHouseAutoTables, InsertData
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +94,8 @@ ClientFactory = Callable[[], Any]
 # --------------------------------------------------------------------------- SQL text helpers
 
 
-def quote_ident(name: str) -> str:
-    """A ClickHouse identifier in backquotes (backslash and backquote escaped)."""
-    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+#: A ClickHouse identifier in backquotes (backslash and backquote escaped).
+quote_ident = ch_quote_ident
 
 
 def quote_str(value: str) -> str:
@@ -189,6 +193,12 @@ class ClickHouseSink:
         #: ``routed(table_cfg)`` gives the DDL that creates a table, run the first time it is seen
         self._routed = routed
         self._made: set[str] = set()
+        #: ``columns: auto``: the tables made from the records' schemas (:mod:`.auto`)
+        self._auto: ClickHouseAutoTables | None = None
+        if cfg.auto_columns:
+            from ingest.sinks.clickhouse.auto import ClickHouseAutoTables  # imports ingest.mirror.ddl, which imports this
+
+            self._auto = ClickHouseAutoTables(cfg, deletes)
         self._pipeline = pipeline
         self._factory = client_factory
         self._deletes = deletes
@@ -339,6 +349,9 @@ class ClickHouseSink:
             return
         with self._classified():
             client = self.client()
+            if self._auto is not None:
+                self._write_auto(client, rows, token)
+                return
             if self._routed is not None:
                 self._write_routed(client, rows, token)
                 return
@@ -364,8 +377,90 @@ class ClickHouseSink:
                 self._made.add(table)
             self._insert(client, table, table_rows, None if token is None else f"{token}-{table}")
 
+    def _write_auto(self, client: Any, rows: Sequence[tuple[Any, ...]], token: str | None) -> None:
+        """``columns: auto`` (:mod:`.auto`): every table of the batch made to take its schemas first (a
+        table that cannot: PermanentError ``schema_incompatible`` before any insert), then each table's
+        rows in one insert (its token the batch's, extended by the table). A table altered behind ingest's
+        back is forgotten and the batch's retry repairs it (TransientError ``table_changed``). A DDL
+        the server refuses raises UnclassifiedError: the pipeline stops, naming it, and no row is dead-lettered."""
+        auto = self._auto
+        assert auto is not None
+        by_table: dict[str, list[tuple[Any, ...]]] = {}
+        for row in rows:
+            by_table.setdefault(table_of(row), []).append(row)
+        try:
+            tables = auto.prepare(client, rows, call_lock=self._call_lock,
+                                  window=self._cfg.deduplication_window if self._token_supported else None)
+        except (MigrationError, ValueError) as exc:  # the server refused the DDL: not the rows' fault
+            raise UnclassifiedError(f"columns: auto: {exc}") from exc
+        for name, carriers in by_table.items():
+            t = tables[name]
+            data = auto.insert_data(t, carriers)
+            try:
+                self._insert_auto(client, t, data, None if token is None else f"{token}-{name}")
+            except Exception as exc:  # noqa: BLE001 - classified, and the table read again when it changed
+                raise self._auto_failure(client, t, exc) from exc
+
+    def _insert_auto(self, client: Any, t: AutoTable, data: InsertData, token: str | None) -> None:
+        """One insert of ``data`` into ``t``: Arrow where every column has an Arrow twin and pyarrow takes
+        the values, else Native with the table's types passed explicitly."""
+        arrow = None
+        if self._use_arrow and self._cfg.insert_format == "auto":
+            encoder = ArrowEncoder.for_columns(data.names, data.types)
+            if encoder is not None:
+                try:
+                    arrow = encoder.table(data.columns)
+                except Exception as exc:  # noqa: BLE001 - any refusal: Native decides (and classifies)
+                    log.debug("batch not representable in Arrow; inserting Native", extra={"error": str(exc)[:200]})
+        settings = self._insert_settings(token)
+        with self._call_lock():
+            if arrow is not None:
+                client.insert_arrow(t.name, arrow, database=self._cfg.database, settings=settings)
+            else:
+                client.insert(t.name, data.columns, column_names=list(data.names),
+                              column_type_names=[ct.ddl for ct in data.types], database=self._cfg.database,
+                              column_oriented=True, settings=settings)
+        self.inserts += 1
+        self.arrow_inserts += arrow is not None
+
+    def _auto_failure(self, client: Any, t: AutoTable, exc: Exception) -> IngestError:
+        """The error an insert into auto table ``t`` raised, classified; when the table is not what this
+        process knows (missing, a column dropped or retyped by hand) it is forgotten and the error is
+        transient, so the retry reads the catalog and repairs the table instead of dead-lettering rows."""
+        from ingest.sinks.clickhouse.auto import ALTERED_CODES
+
+        err = exc if isinstance(exc, (TransientError, PermanentError)) else classify(exc)
+        if error_code(exc) in ALTERED_CODES:
+            changed = True
+        elif isinstance(err, PermanentError):
+            try:
+                with self._call_lock():
+                    changed = self._auto.changed(client, t)  # type: ignore[union-attr]
+            except Exception:  # noqa: BLE001 - cannot tell: the insert's own error stands
+                changed = False
+        else:
+            changed = False
+        if not changed:
+            return err
+        self._auto.forget([t.name])  # type: ignore[union-attr]
+        return TransientError(f"table {self._cfg.database}.{t.name} is not as ingest last read it ({err}); "
+                              "it is read again from the catalog", error_class="table_changed")
+
+    def plan_auto_table(self, name: str, shape: Any, *, dry_run: bool) -> Any:
+        """``columns: auto``: create or evolve ``name`` for ``shape`` now (``ingest migrate``), or with
+        ``dry_run`` say what that would run -- a :class:`~ingest.mirror.ddl.DdlResult`. Raises
+        TransientError / MigrationError."""
+        assert self._auto is not None, "columns: auto only"
+        with self._classified():
+            client = self.client()
+        return self._auto.migrate(client, name, shape, dry_run=dry_run, call_lock=self._call_lock,
+                                  window=self._cfg.deduplication_window if self._token_supported else None)
+
     def ensure_table(self, name: str) -> None:
-        """Create the routed table ``name`` now if it is missing (``ingest migrate``). Raises like a write."""
+        """Create the routed table ``name`` now if it is missing (``ingest migrate``). Raises like a write;
+        ValueError with ``columns: auto`` (a table is made from its records' schemas)."""
+        if self._auto is not None:
+            raise ValueError("columns: auto: a table is made from its records' schemas")
         assert self._routed is not None
         with self._classified():
             client = self.client()
@@ -472,7 +567,7 @@ class ClickHouseSink:
         """Every error inside as TransientError / PermanentError (:func:`~ingest.sinks.clickhouse.errors.classify`)."""
         try:
             yield
-        except (TransientError, PermanentError):
+        except (TransientError, PermanentError, UnclassifiedError):
             raise
         except Exception as exc:  # noqa: BLE001 - every driver/transport error is classified
             raise classify(exc) from exc

@@ -3,9 +3,10 @@
 An ``explode`` transform step (``ingest.core.transforms``) turns one record into its parent row and
 one child row per element of an array; the mapper hands the sink a :class:`~ingest.types.FamilyRow`
 (the parent row carrying, per explode step, the parent link values and the child rows). The sink
-writes the parent rows as usual (the upsert returning the keys it applied: children follow only those
-parents, so a late writer whose parent row the guard skips adds and deletes no child), then, per
-child table and in the same transaction:
+writes the parent rows as usual (the upsert returning the sources of the parents its ordering guard let
+through, those it left unchanged included: children follow only those parents, so a late writer whose
+parent row the guard skips adds and deletes no child, while a parent replayed unchanged still gets the
+children its record makes), then, per child table and in the same transaction:
 
 1. the batch's child rows are COPYed into the child table's stage (one row per child key: when two
    parents of a batch claim one child key, the later parent in the batch wins);
@@ -13,7 +14,8 @@ child table and in the same transaction:
    are deleted -- so the child table holds exactly the latest parent's elements; a parent whose
    array is empty loses all its children;
 3. the staged rows are upserted (``ON CONFLICT (child key) DO UPDATE``), with the parent table's
-   guard: a record older than the row, from the row's own partition, does not overwrite it;
+   guards: a record older than the row, from the row's own partition, does not overwrite it, and
+   (``skip_unchanged``) a child row the update would leave as it is is not rewritten;
 4. the stage is emptied (several pieces may share one transaction: exactly-once savepoints).
 
 The delete of step 2 has the same guard: a late writer (a lane finishing after its partition moved

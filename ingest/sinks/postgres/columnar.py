@@ -4,7 +4,7 @@ One transaction per batch, two statements: the table's columns are written as CS
 C writer (:func:`csv_bytes`, on whichever thread plans the batch) and sent in one
 ``COPY ... FROM STDIN (FORMAT csv)`` into a temporary stage, then one
 ``INSERT ... SELECT ... ORDER BY <key> ON CONFLICT`` applies them with the table's own conflict clause (the
-one the row path uses: :meth:`UpsertStatements._conflict_clause`). The stage is
+one the row path uses, guards included: :meth:`UpsertStatements._conflict_clause`). The stage is
 ``ON COMMIT DELETE ROWS``: the commit (or a rollback) empties it by truncation, so no ``DELETE``
 runs and no dead rows pile up in a table that autovacuum never visits (temporary tables are
 not vacuumed; a ``DELETE`` per batch made each later ``DELETE`` and upsert scan more pages).
@@ -40,7 +40,8 @@ from psycopg import sql
 from ingest.core.dialects import pg_base_type
 from ingest.core.mapping.columnar import StagedColumn
 from ingest.sinks.postgres.settings import PostgresSinkSettings
-from ingest.sinks.postgres.statements import DELETED_FLAG, IMAGE_FLAG, UpsertStatements, stage_name, table_ident
+from ingest.sinks.postgres.statements import (DELETED_FLAG, IMAGE_FLAG, ROUTE_COLUMN, UpsertStatements, stage_name,
+                                               table_ident)
 
 _STAGE_TYPE = {"int": "int8", "text": "text", "numeric": "text", "timestamp": "int8", "float": "float8",
                "bool": "boolean", "json": "text"}
@@ -55,22 +56,28 @@ class ColumnarStatements:
     path's own statements (upsert, delete, tombstones) apply them."""
 
     def __init__(self, cfg: PostgresSinkSettings, columns: Sequence[StagedColumn],
-                 row_stage: UpsertStatements | None = None) -> None:
+                 row_stage: UpsertStatements | None = None, *,
+                 shared_stage: str | None = None, route: int | None = None) -> None:
+        """Tables a pipeline routes to share one stage per session whose rows carry the number of their
+        table (:data:`~ingest.sinks.postgres.statements.ROUTE_COLUMN`): ``shared_stage`` names it,
+        ``route`` is this table's number (its upsert reads only its rows)."""
         if [c.name for c in columns] != list(cfg.columns):
             raise ValueError("the columnar plan's columns are not the sink's")
         if any(c.kind not in _STAGE_TYPE for c in columns):
             raise ValueError("the columnar plan stages a column PostgreSQL's columnar write does not take")
         target = table_ident(cfg.db_schema, cfg.table)
-        stage = sql.Identifier(stage_name(cfg.db_schema, cfg.table) + "_c")
+        stage = sql.Identifier(shared_stage or stage_name(cfg.db_schema, cfg.table) + "_c")
         ident = sql.Identifier
         flags = [DELETED_FLAG, IMAGE_FLAG] if row_stage is not None else []
-        defs = sql.SQL(", ").join([sql.SQL("{} {}").format(ident(c.name), sql.SQL(_STAGE_TYPE[c.kind]))
-                                   for c in columns] + [sql.SQL("{} boolean").format(ident(f)) for f in flags])
+        staged = [(c.name, _STAGE_TYPE[c.kind]) for c in columns] + [(f, "boolean") for f in flags]
+        if shared_stage is not None:
+            staged.append((ROUTE_COLUMN, "int4"))
+        defs = sql.SQL(", ").join(sql.SQL("{} {}").format(ident(name), sql.SQL(kind)) for name, kind in staged)
         self.create_stage = sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {stage} ({defs}) ON COMMIT DELETE ROWS").format(
             stage=stage, defs=defs)
         names = sql.SQL(", ").join(ident(c.name) for c in columns)
-        staged = sql.SQL(", ").join(ident(n) for n in [c.name for c in columns] + flags)
-        self.copy_stage = sql.SQL("COPY {stage} ({names}) FROM STDIN (FORMAT csv)").format(stage=stage, names=staged)
+        self.copy_stage = sql.SQL("COPY {stage} ({names}) FROM STDIN (FORMAT csv)").format(
+            stage=stage, names=sql.SQL(", ").join(ident(name) for name, _ in staged))
         selects = []
         for c in columns:
             full = pg_base_type(cfg.columns[c.name].type)[1]
@@ -81,17 +88,32 @@ class ColumnarStatements:
                 selects.append(sql.SQL("{} + {} * interval '1 microsecond'").format(epoch, ident(c.name)))
             else:
                 selects.append(ident(c.name))
+        where = (sql.SQL(" WHERE {} = {}").format(ident(ROUTE_COLUMN), sql.Literal(int(route)))
+                 if route is not None else sql.SQL(""))
         #: deletes: the staged rows into the row path's stage (its columns: the table's types, json as text)
         self.transfer = None
         if row_stage is not None:
+            row_names = sql.SQL(", ").join(ident(n) for n in [c.name for c in columns] + flags)
             row_selects = [ident(c.name) if c.kind == "json" else e for c, e in zip(columns, selects)]
-            self.transfer = sql.SQL("INSERT INTO {rows} ({names}) SELECT {sel} FROM {stage}").format(
-                rows=sql.Identifier(stage_name(cfg.db_schema, cfg.table)), names=staged, stage=stage,
-                sel=sql.SQL(", ").join(row_selects + [ident(f) for f in flags]))
-        conflict = UpsertStatements._conflict_clause(cfg, target, sql.SQL(""))
-        self.upsert = sql.SQL("INSERT INTO {t} AS t ({names}) SELECT {sel} FROM {stage}{order}{conflict}").format(
-            t=target, names=names, sel=sql.SQL(", ").join(selects), stage=stage, conflict=conflict,
+            self.transfer = sql.SQL("INSERT INTO {rows} ({names}) SELECT {sel} FROM {stage}{where}").format(
+                rows=sql.Identifier(stage_name(cfg.db_schema, cfg.table)), names=row_names, stage=stage,
+                sel=sql.SQL(", ").join(row_selects + [ident(f) for f in flags]), where=where)
+        conflict = UpsertStatements._conflict_clause(cfg)
+        self.upsert = sql.SQL("INSERT INTO {t} AS t ({names}) SELECT {sel} FROM {stage}{where}{order}{conflict}").format(
+            t=target, names=names, sel=sql.SQL(", ").join(selects), stage=stage, conflict=conflict, where=where,
             order=UpsertStatements.key_order(cfg))
+
+
+def routed_csv(parts: Sequence[tuple[int, Any]]) -> bytes:
+    """The CSV of routed parts -- ``(table number, pyarrow.Table)`` -- each row ending with its table's
+    number, for one COPY into a shared stage (:class:`ColumnarStatements` with ``shared_stage``)."""
+    import pyarrow as pa
+
+    out = []
+    for route, table in parts:
+        numbered = table.append_column(ROUTE_COLUMN, pa.array([route] * table.num_rows, pa.int32()))
+        out.append(memoryview(csv_bytes(numbered)))
+    return b"".join(out)
 
 
 def csv_bytes(table: Any) -> Any:

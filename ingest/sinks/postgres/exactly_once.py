@@ -25,7 +25,13 @@ A lane transaction, in order:
    written by an earlier incarnation -- and count them as done;
 3. write the rows; a permanent error is isolated with SAVEPOINTs (halves,
    down to single rows) *inside* the transaction, so the good rows, the DLQ
-   rows of the poison ones and the new offsets commit together or not at all;
+   rows of the poison ones and the new offsets commit together or not at all.
+   A batch the columnar tier planned (``ingest.runner.columnar``: its records
+   unmapped, its rows one encoded payload) is written by one columnar write in
+   a SAVEPOINT when step 2 kept every record; otherwise (records already
+   written, a record read twice), or when that write fails on anything but a
+   transient error (rolled back to the savepoint), the fresh records are
+   mapped by the row mapper and written as above -- the row path decides;
 4. insert the DLQ entries (DLQ table in the same database, same transaction);
 5. upsert ``next_offset[p, L]`` to one past the batch's highest offset of p.
 
@@ -52,6 +58,7 @@ offsets would be inserted a second time.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -65,12 +72,14 @@ from ingest.dlq.postgres import PostgresDlq, entry_row
 from ingest.config.base import PgNetworkSettings
 from ingest.drivers.postgres import STALE_SESSION_CODES, classify, connect, translate
 from ingest.errors import PermanentError, TransientError
-from ingest.sinks.base import ExactlyOnceResult
+from ingest.sinks.base import ColumnarBatch, ExactlyOnceResult
 from ingest.types import DeleteRow, Failure, Item, Partition
 
 if TYPE_CHECKING:
     from ingest.config import PipelineSettings
     from ingest.sinks.postgres.sink import PostgresSink
+
+log = logging.getLogger(__name__)
 
 LANE_OFFSETS_TABLE = "ingest_lane_offsets"
 OFFSETS_TABLE = "ingest_offsets"
@@ -230,24 +239,36 @@ class ExactlyOnceWriter:
         routing = ROUTING_ROW_KEY if self._rule.key_index is not None else ROUTING_RECORD_KEY
         self._lane_offsets = LaneOffsets(cfg.db_schema, pipeline.name, pipeline.lanes, routing)  # type: ignore[attr-defined]
 
-    def __call__(self, lane: int, items: Sequence[Item]) -> ExactlyOnceResult:
-        """Raises TransientError (the whole transaction rolled back: retry) or UnclassifiedError."""
+    def __call__(self, lane: int, items: Sequence[Item], columnar: ColumnarBatch | None = None) -> ExactlyOnceResult:
+        """Steps 1-5 for ``items`` (mapped; or unmapped, with ``columnar``: the tier's plan of exactly
+        these items). Raises TransientError (the whole transaction rolled back: retry) or
+        UnclassifiedError."""
         try:
             with translate() as t, self._sink.connection() as conn:
                 t.conn = conn
                 self._sink.before_transaction(conn, [item.row for item in items])
                 with conn.transaction():
-                    return self._in_transaction(conn, lane, items)
+                    return self._in_transaction(conn, lane, items, columnar)
         except PermanentError as err:
             # Outside the savepoints (offsets, DLQ rows) nothing is the data's fault: retry.
             raise TransientError(str(err), sqlstate=err.sqlstate, error_class="exactly_once_tx") from err
 
-    def _in_transaction(self, conn: psycopg.Connection[Any], lane: int, items: Sequence[Item]) -> ExactlyOnceResult:
+    def _in_transaction(self, conn: psycopg.Connection[Any], lane: int, items: Sequence[Item],
+                        columnar: ColumnarBatch | None = None) -> ExactlyOnceResult:
         stored = self._lane_offsets.lock(conn, lane, sorted({it.record.tp for it in items}))
         fresh, high = split_fresh(items, stored)
+        already_written = len(items) - len(fresh)
+        calls = [0]
+        if columnar is not None:
+            if not already_written:  # the payload stands for every item: write it, else map the fresh ones
+                calls[0] += 1
+                if self._columnar_written(conn, columnar.payload):
+                    entries = [DlqEntry(self._pipeline, item.record, failure) for item, failure in columnar.poison]
+                    return self._finish(conn, lane, high, entries,
+                                        ExactlyOnceResult(columnar.rows, entries, calls[0], 0, columnar=True))
+            fresh = columnar.map_rows(fresh)
         failed, groups = collapse(fresh, self._rule)
         entries = [DlqEntry(self._pipeline, item.record, item.failure) for item in failed]  # type: ignore[arg-type]
-        calls = [0]
 
         def savepoint_write(piece: Sequence[Item]) -> None:
             calls[0] += 1
@@ -256,10 +277,30 @@ class ExactlyOnceWriter:
 
         written, poison = write_groups_isolating(groups, savepoint_write)
         entries += [DlqEntry(self._pipeline, item.record, Failure.from_write_error(exc)) for item, exc in poison]
+        deleted = sum(1 for item in written if isinstance(item.row, DeleteRow))
+        return self._finish(conn, lane, high, entries, ExactlyOnceResult(
+            len(written), entries, calls[0], already_written, deleted, written, [item for item, _ in poison]))
+
+    def _finish(self, conn: psycopg.Connection[Any], lane: int, high: dict[Partition, int], entries: list[DlqEntry],
+                result: ExactlyOnceResult) -> ExactlyOnceResult:
+        """Steps 4 and 5: the DLQ rows and the lane's new offsets, in the batch's transaction."""
         if entries:
             with conn.cursor() as cur:
                 self._dlq.put_in(cur, [entry_row(e) for e in entries])
         self._lane_offsets.advance(conn, lane, high)
-        deleted = sum(1 for item in written if isinstance(item.row, DeleteRow))
-        return ExactlyOnceResult(len(written), entries, calls[0], len(items) - len(fresh), deleted, written,
-                                 [item for item, _ in poison])
+        return result
+
+    def _columnar_written(self, conn: psycopg.Connection[Any], payload: Any) -> bool:
+        """The columnar write of a batch in a SAVEPOINT: True when it applied; False when it failed and
+        was rolled back to the savepoint (a value the database refuses, or anything else the row path
+        will judge). A transient error propagates: the whole transaction is retried, as by rows."""
+        try:
+            with translate(conn), conn.transaction():
+                self._sink.write_encoded_in(conn, payload)  # type: ignore[attr-defined]
+            return True
+        except TransientError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the row path maps, isolates and classifies the records
+            log.info("columnar write failed (%s); writing the batch by rows", type(exc).__name__,
+                     extra={"pipeline": self._pipeline, "error_class": getattr(exc, "error_class", None)})
+            return False

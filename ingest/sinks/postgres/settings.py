@@ -11,12 +11,14 @@ its row. ``migrate`` adds them to existing tables.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from ingest.config.base import (
     ColumnSpec,
+    Frozen,
     PgNetworkSettings,
     SinkSettingsBase,
     check_dsn_syntax,
@@ -32,6 +34,69 @@ SOURCE_COLUMNS: dict[str, dict[str, str]] = {
     OFFSET_COLUMN: {"type": "bigint", "source": "@offset"},
 }
 RESERVED_PREFIX = "_ingest_"
+
+
+class ColumnOverride(Frozen):
+    """A column's type in a ``tables:`` entry (instead of the type map's)."""
+
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, value: str) -> str:
+        """A type PostgreSQL makes: numeric precision 1-1000 (scale within it), varchar length 1-10485760."""
+        base, full = pg_base_type(value)
+        modifiers = [int(m) for m in re.findall(r"\d+", full[len(base):])] if "(" in full else []
+        if base == "numeric" and modifiers and not (1 <= modifiers[0] <= 1000
+                                                    and (len(modifiers) < 2 or 0 <= modifiers[1] <= modifiers[0])):
+            raise ValueError(f"{value!r}: numeric precision is 1 to 1000, its scale 0 to the precision")
+        if base == "varchar" and modifiers and not 1 <= modifiers[0] <= 10_485_760:
+            raise ValueError(f"{value!r}: varchar length is 1 to 10485760")
+        return value
+
+
+class TableOverride(Frozen):
+    """A ``tables:`` entry of a ``columns: auto`` sink: what one table (or the tables a glob matches)
+    takes instead of what its records' schemas say."""
+
+    #: the table's key: these value columns instead of the record key's fields
+    conflict_key: list[str] | None = None
+    #: column → its type (a column the schema lacks is not added)
+    columns: dict[str, ColumnOverride] = Field(default_factory=dict)
+    #: ``none``: append every record (no key, no upsert) even when the records have a key
+    on_conflict: Literal["update", "none"] | None = None
+
+    @model_validator(mode="after")
+    def _one_key(self) -> TableOverride:
+        if self.on_conflict == "none" and self.conflict_key:
+            raise ValueError("conflict_key and on_conflict none: an append-only table has no key")
+        if self.conflict_key is not None and (not self.conflict_key or len(set(self.conflict_key)) != len(self.conflict_key)):
+            raise ValueError("conflict_key lists at least one column, each once")
+        return self
+
+
+class AutoVersion(Frozen):
+    """``version`` of a ``columns: auto`` sink: every table gets column ``column`` (of ``type``) holding
+    ``source`` (``@source.PATH`` of a change event, or record metadata such as ``@timestamp``); an update
+    applies only when it is not older (the sink's version guard), and a record without one is poison."""
+
+    column: str
+    source: str
+    type: Literal["bigint", "integer", "timestamptz", "numeric"] = "bigint"
+
+    @field_validator("column")
+    @classmethod
+    def _column(cls, value: str) -> str:
+        if value.startswith(RESERVED_PREFIX):
+            raise ValueError(f"names starting with {RESERVED_PREFIX!r} are reserved for ingest")
+        return check_identifier(value)
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if not value.startswith("@"):
+            raise ValueError("the version comes from @source.PATH or record metadata (@offset, @timestamp)")
+        return value
 
 
 class PostgresSinkSettings(SinkSettingsBase):
@@ -59,9 +124,26 @@ class PostgresSinkSettings(SinkSettingsBase):
     #: ``copy``: COPY into a temp stage then INSERT .. SELECT .. ON CONFLICT (fastest);
     #: ``values``: multi-row INSERT .. VALUES (for poolers that forbid temp tables).
     write_method: Literal["copy", "values"] = "copy"
+    #: Guard the upsert's update with ``(t.cols) IS DISTINCT FROM (EXCLUDED.cols)`` over every column it
+    #: sets (the hidden source columns and a soft-delete column included): a row the update would leave
+    #: as it is -- the same record applied again, a replay after a crash -- is not rewritten (no new
+    #: row version, no dead tuple, no WAL, no ``UPDATE`` trigger). ``false`` rewrites it, for tables
+    #: whose ``ON UPDATE`` triggers must see every upsert.
+    skip_unchanged: bool = True
     #: at_least_once: idempotent upserts, Kafka commits; exactly_once: offsets stored in the
     #: same transaction as the rows (see ingest/sinks/postgres/exactly_once.py); needs the DLQ in this database.
     delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    #: ``columns: auto`` (ingest.mirror.auto): each table's columns and key come from the schema its
+    #: records were written with; set from ``columns: auto``, never written by hand.
+    auto_columns: bool = False
+    #: With ``columns: auto``: how a table follows its schema (ingest.mirror.evolve): ``off`` (a
+    #: difference is ``schema_incompatible``), ``add_columns`` (new fields become nullable columns),
+    #: ``add_and_widen`` (also int → bigint, float → double, varchar(n) → text, decimal precision up).
+    evolve: Literal["off", "add_columns", "add_and_widen"] = "add_columns"
+    #: With ``columns: auto``: one version column for every table (see :class:`AutoVersion`).
+    version: AutoVersion | None = None
+    #: With ``columns: auto``: per-table overrides, by resolved table name or glob (see :class:`TableOverride`).
+    tables: dict[str, TableOverride] = Field(default_factory=dict)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, hide_input_in_errors=True)
 
@@ -74,7 +156,7 @@ class PostgresSinkSettings(SinkSettingsBase):
     @classmethod
     def _version_required(cls, data: Any) -> Any:
         """A version column without a default is required: a NULL version could never update its row."""
-        return _add_source_columns(_require_version(data))
+        return _add_source_columns(_require_version(auto_columns(data)))
 
     @property
     def tracks_sources(self) -> bool:
@@ -142,6 +224,8 @@ class PostgresSinkSettings(SinkSettingsBase):
 
     @model_validator(mode="after")
     def _keys(self) -> PostgresSinkSettings:
+        if self.auto_columns and self.write_method != "copy":
+            raise ValueError("columns: auto needs write_method copy (each table's rows are staged)")
         missing = [k for k in self.conflict_key if k not in self.columns]
         if missing:
             raise ValueError(f"conflict_key {missing} not among columns {list(self.columns)}")
@@ -156,6 +240,44 @@ class PostgresSinkSettings(SinkSettingsBase):
 
 
 
+def auto_columns(data: Any) -> Any:
+    """Raw sink settings with ``columns: auto`` → the carrier columns of :mod:`ingest.mirror.auto` and
+    ``auto_columns: true``; ``conflict_key`` must then be ``auto`` or left out (each table's key is its
+    records' key). ``version: {column, source, type}`` names one version column for every table: the
+    carrier's last value (:data:`~ingest.mirror.auto.CARRIER_VERSION`), the sink's version column. Other
+    settings pass unchanged."""
+    if not isinstance(data, dict) or (data.get("auto_columns") is True and data.get("columns") != "auto"):
+        return data  # not a sink's settings, or settings made here already (a dump validated again)
+    if data.get("columns") != "auto":
+        if data.get("conflict_key") == "auto":
+            raise ValueError("conflict_key: auto goes with columns: auto (the key of a schema's table)")
+        if data.get("version") is not None:
+            raise ValueError("version: goes with columns: auto (with a column list, set version_column)")
+        if data.get("tables"):
+            raise ValueError("tables: per-table overrides go with columns: auto")
+        return data
+    from ingest.mirror.auto import CARRIER_KEY, CARRIER_VERSION, carrier_columns  # mirror imports no settings
+
+    if data.get("conflict_key", "auto") != "auto":
+        raise ValueError("columns: auto takes each table's key from its records' key: set conflict_key: auto "
+                         "(or leave it out)")
+    if data.get("version_column") is not None:
+        raise ValueError("version_column: with columns: auto, name the version of every table with "
+                         "version: {column: NAME, source: '@source.lsn'}")
+    if data.get("on_conflict", "update") != "update":
+        raise ValueError("columns: auto upserts keyed tables and appends to tables without a key: "
+                         "leave on_conflict out")
+    columns: dict[str, Any] = {**carrier_columns(), **SOURCE_COLUMNS}
+    out = {**data, "conflict_key": [CARRIER_KEY], "auto_columns": True}
+    version = data.get("version")
+    if version is not None:
+        spec = AutoVersion.model_validate(version)
+        columns[CARRIER_VERSION] = {"type": spec.type, "source": spec.source, "required": True}
+        out["version_column"] = CARRIER_VERSION
+    out["columns"] = columns
+    return out
+
+
 def _add_source_columns(data: Any) -> Any:
     """Add the hidden source columns to raw settings of a table that updates rows (see the module
     docstring); a user column may not take a reserved name."""
@@ -165,6 +287,8 @@ def _add_source_columns(data: Any) -> Any:
     if not isinstance(columns, dict) or not columns:
         return data
     for name, spec in columns.items():
+        if data.get("auto_columns"):
+            break  # the carrier columns (ingest.mirror.auto)
         if str(name).startswith(RESERVED_PREFIX) and SOURCE_COLUMNS.get(name) != _plain(spec):
             raise ValueError(f"column {name!r}: names starting with {RESERVED_PREFIX!r} are reserved for ingest")
     if all(name in columns for name in SOURCE_COLUMNS):

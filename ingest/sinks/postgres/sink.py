@@ -9,7 +9,8 @@ multi-row ``INSERT ... VALUES`` instead (for poolers that forbid temp tables).
 
 Idempotency: rows are deduplicated by conflict key *before* they get here
 (PostgreSQL refuses to update one row twice in one statement), and the upsert
-makes a replayed batch a no-op. With ``version_column`` an update applies only
+makes a replayed batch a no-op -- with ``skip_unchanged`` (the default) one that
+rewrites no row at all (no new row versions). With ``version_column`` an update applies only
 when the incoming version is not older than the stored one, so a stale
 writer (e.g. a lane finishing after its partition moved) cannot overwrite a
 newer value.
@@ -35,9 +36,10 @@ from psycopg_pool import ConnectionPool
 from ingest.config.cdc import DeleteSettings
 from ingest.drivers.postgres import check_dsn, connect, make_pool, pooled, translate
 from ingest.sinks.base import InTransaction, RowSource
-from ingest.errors import PermanentError
+from ingest.errors import PermanentError, TransientError
+from ingest.sinks.postgres.auto import UNDEFINED, AutoTables
 from ingest.sinks.postgres.children import ChildTable
-from ingest.sinks.postgres.columnar import ColumnarStatements, csv_bytes
+from ingest.sinks.postgres.columnar import ColumnarStatements, csv_bytes, routed_csv
 from ingest.sinks.postgres.settings import OFFSET_COLUMN, STREAM_COLUMN, PostgresSinkSettings
 from ingest.sinks.postgres.statements import (
     DELETED_FLAG,
@@ -90,7 +92,9 @@ class PostgresSink:
         self._staged: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
         #: routed without deletes: one stage per session for every table (rows carry their table's number)
         self._shared = (UpsertStatements(cfg, shared_stage=stage_name(cfg.db_schema, cfg.table))
-                        if routed and deletes is None else None)
+                        if routed and deletes is None and not cfg.auto_columns else None)
+        #: columns: auto: the tables made from the records' schemas (:mod:`.auto`)
+        self._auto = AutoTables(cfg, deletes) if cfg.auto_columns else None
         self._children = tuple(children)
         self._deletes = DeleteStatements(cfg, deletes) if deletes is not None else None
         self._sql = UpsertStatements(cfg, self._deletes)
@@ -99,8 +103,6 @@ class PostgresSink:
         #: back exactly as sent: a key of a rounding type -- numeric(p,s), timestamptz(p) -- would not)
         self._source_index = ((names.index(STREAM_COLUMN), names.index(OFFSET_COLUMN))
                               if STREAM_COLUMN in names and OFFSET_COLUMN in names else None)
-        self._returning_sources = sql.SQL("{} RETURNING {}, {}").format(
-            self._sql.insert_from_stage, sql.Identifier(STREAM_COLUMN), sql.Identifier(OFFSET_COLUMN))
         self._expired_at = 0.0  # monotonic time of the last tombstone expiry
         self._pool_size = max(1, cfg.pool_size or pool_size)
         self._name = name
@@ -110,6 +112,10 @@ class PostgresSink:
         self.statements = 0
         #: the columnar write's SQL, once :meth:`use_columnar` was called
         self._columnar: ColumnarStatements | None = None
+        self._columnar_columns: tuple[StagedColumn, ...] = ()
+        #: routed: the shared columnar stage's statements, and each table's number in the shared stages
+        self._columnar_stage: ColumnarStatements | None = None
+        self._route_numbers: dict[str, int] = {}
 
     # -- connection management -------------------------------------------------
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
@@ -124,7 +130,7 @@ class PostgresSink:
             conn.execute(self._sql.create_stage)
         for child in self._children:
             conn.execute(child.sql.create_stage)
-        if self._columnar is not None:
+        if self._columnar is not None and not self._routed:  # a routed table's stage: made with the table
             conn.execute(self._columnar.create_stage)
 
     def _get_pool(self) -> ConnectionPool:
@@ -207,7 +213,11 @@ class PostgresSink:
             raise ValueError("routed tables whose records delete are written by rows")
         if self._children:
             raise ValueError("a table with exploded child rows is written by rows")
+        if self._auto is not None:
+            raise ValueError("columns: auto maps each record by its own schema")
+        # checks the columns, for routed tables too
         self._columnar = ColumnarStatements(self._cfg, columns, self._sql if self._deletes is not None else None)
+        self._columnar_columns = tuple(columns)
 
     def encode_columns(self, table: Any) -> Any:
         """A columnar batch (a ``pyarrow.Table`` of this table's columns as
@@ -234,23 +244,79 @@ class PostgresSink:
         PermanentError...); a connection that is not UTF-8 raises PermanentError (the CSV is UTF-8).
         Requires :meth:`use_columnar`. ``token`` is ignored: the write is one transaction, and the sink
         takes no insert tokens."""
-        statements = self._columnar
-        assert statements is not None, "use_columnar() first"
         if self._deletes is not None:
+            assert self._columnar is not None, "use_columnar() first"
             if payload is not None:
-                self._write_encoded_changes(statements, *payload)
+                self._write_encoded_changes(self._columnar, *payload)
             return
         with translate() as t:
             with self.connection() as conn:
                 t.conn = conn
-                if conn.info.encoding != "utf-8":
-                    raise PermanentError(f"the connection's encoding is {conn.info.encoding}, not UTF-8",
-                                         error_class="encoding")
-                with conn.transaction(), conn.cursor() as cur:
-                    with cur.copy(statements.copy_stage) as copy:
-                        copy.write(memoryview(payload))
-                    cur.execute(statements.upsert)
-                    self.statements += 2
+                if self._routed:  # each table ensured and the stage made, before the transaction
+                    self._stage_columnar(conn, payload[0])
+                with conn.transaction():
+                    self.write_encoded_in(conn, payload)
+
+    def write_encoded_in(self, conn: psycopg.Connection[Any], payload: Any) -> None:
+        """:meth:`write_encoded` inside the caller's open transaction on a connection of this sink
+        (exactly-once: beside the batch's offsets). At most once per transaction (or per savepoint
+        rolled back): the stage is emptied by the commit. Raises psycopg's errors (the caller
+        translates them); PermanentError for a connection that is not UTF-8."""
+        statements = self._columnar
+        assert statements is not None, "use_columnar() first"
+        if conn.info.encoding != "utf-8":
+            raise PermanentError(f"the connection's encoding is {conn.info.encoding}, not UTF-8",
+                                 error_class="encoding")
+        with conn.cursor() as cur:
+            if self._routed:  # one COPY of every table's rows into the shared stage, every upsert in one go
+                names, data = payload
+                if not names:  # every record of the batch was poison
+                    return
+                with cur.copy(self._columnar_shared().copy_stage) as copy:
+                    copy.write(memoryview(data))
+                cur.execute(sql.SQL("; ").join(self._table(name).columnar.upsert for name in names))  # type: ignore[union-attr]
+            else:
+                with cur.copy(statements.copy_stage) as copy:
+                    copy.write(memoryview(payload))
+                cur.execute(statements.upsert)
+            self.statements += 2
+
+    def encode_routed(self, parts: Sequence[tuple[str, Any]]) -> Any:
+        """A routed columnar batch -- ``(table, pyarrow.Table)`` per table -- as :meth:`write_encoded`
+        sends it: the tables' names and one CSV of every row, each ending with its table's number (the
+        shared stage's route). Pure but for numbering a table not seen before; any thread."""
+        return [name for name, _ in parts], routed_csv([(self._route_of(name), table) for name, table in parts])
+
+    def _route_of(self, name: str) -> int:
+        """A routed table's number in the shared stages (given on first sight, never reused)."""
+        number = self._route_numbers.get(name)
+        if number is None:
+            with self._tables_lock:
+                number = self._route_numbers.setdefault(name, len(self._route_numbers))
+        return number
+
+    def _columnar_shared(self) -> ColumnarStatements:
+        """The shared columnar stage's own statements (create, COPY with the table's number)."""
+        if self._columnar_stage is None:
+            self._columnar_stage = ColumnarStatements(self._cfg, self._columnar_columns,
+                                                      shared_stage=stage_name(self._cfg.db_schema, self._cfg.table) + "_c")
+        return self._columnar_stage
+
+    def _stage_columnar(self, conn: psycopg.Connection[Any], tables: Sequence[str]) -> None:
+        """A routed columnar batch, before its transaction (autocommit): each table ensured, its columnar
+        SQL composed and the session's stage of it made, once per pooled connection."""
+        staged = self._staged.get(conn)
+        if staged is None:
+            staged = self._staged[conn] = set()
+        shared = self._columnar_shared()
+        for name in tables:
+            t = self._table(name)
+            if t.columnar is None:
+                t.columnar = ColumnarStatements(t.cfg, self._columnar_columns, route=self._route_of(name),
+                                                shared_stage=stage_name(self._cfg.db_schema, self._cfg.table) + "_c")
+        if COLUMNAR_STAGED not in staged:
+            conn.execute(shared.create_stage)
+            staged.add(COLUMNAR_STAGED)
 
     def _write_encoded_changes(self, statements: ColumnarStatements, csv: Any, deletes: int) -> None:
         """:meth:`write_encoded` of a table whose records delete: the CSV into the columnar stage, moved
@@ -271,6 +337,17 @@ class PostgresSink:
     def row_sources(self, keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], RowSource]:
         """Where the rows with these conflict keys were last written from (rows that do not exist are
         left out). Only for tables with source columns (``tracks_sources``)."""
+        if self._auto is not None:  # keys are (the key's values, table)
+            by_auto: dict[str, list[tuple[Any, ...]]] = {}
+            for key in keys:
+                by_auto.setdefault(key[-1], []).append(key[0])
+            out: dict[tuple[Any, ...], RowSource] = {}
+            for table, table_keys in by_auto.items():
+                t = self._auto.lookup(table)
+                if t is None or STREAM_COLUMN not in t.cfg.columns:
+                    continue  # not written by this process yet, or append-only: nothing to guard
+                out.update({(k, table): source for k, source in self._row_sources(t.cfg, table_keys).items()})
+            return out
         if self._routed:  # the keys end with their table (ingest.mirror.router): ask each table
             by_table: dict[str, list[tuple[Any, ...]]] = {}
             for key in keys:
@@ -302,6 +379,9 @@ class PostgresSink:
     def write_rows_in(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
         """Write ``rows`` inside the caller's open transaction; several such writes may share it
         (exactly-once savepoints), so the stage is emptied after each."""
+        if self._auto is not None:
+            self._write_auto(conn, rows)
+            return
         if self._routed:
             self._write_routed(conn, rows)
             return
@@ -330,6 +410,25 @@ class PostgresSink:
                 conn.execute(t.sql.create_stage)
             self._write_rows(conn, table_rows, t.sql, t.deletes, t)
             conn.execute(t.sql.clear_stage)
+
+    def _write_auto(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
+        """``columns: auto``: each table's rows (carriers opened by :mod:`.auto`), in the caller's
+        transaction, one COPY and one upsert per table; a table altered behind ingest's back is forgotten
+        (the retry reads the catalog and repairs it)."""
+        auto = self._auto
+        assert auto is not None
+        by_table: dict[str, list[tuple[Any, ...]]] = {}
+        for row in rows:
+            by_table.setdefault(table_of(row), []).append(row)
+        tables = auto.batch_tables(conn, by_table)  # as prepared on conn; refuses incompatible rows here
+        try:
+            for name, carriers in by_table.items():
+                t = tables[name]
+                self._write_rows(conn, auto.rows_for(t, carriers), t.sql, t.deletes, t)
+                conn.execute(t.sql.clear_stage)
+        except UNDEFINED:
+            auto.forget(by_table)
+            raise
 
     def _write_shared(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
         shared = self._shared
@@ -360,7 +459,9 @@ class PostgresSink:
         """What a batch of ``rows`` needs before its transaction opens (autocommit; ``None`` rows are
         skipped): routed, each table ensured (DDL never runs inside a batch's transaction, where it would
         hold the table's lock, or wait on another writer's, for the batch's whole life) and its stage."""
-        if self._routed:
+        if self._auto is not None:
+            self._auto.prepare(conn, rows)
+        elif self._routed:
             tables = {table_of(row) for row in rows if row is not None}
             if tables:
                 self._stage_tables(conn, tables)
@@ -381,8 +482,17 @@ class PostgresSink:
             conn.execute(self._shared.create_stage)
             staged.add("")  # the shared stage
 
+    def plan_auto_table(self, name: str, shape: Any, *, dry_run: bool) -> Any:
+        """``columns: auto``: create or evolve ``name`` for ``shape`` now (``ingest migrate``), or with
+        ``dry_run`` say what that would run -- a :class:`~ingest.mirror.ddl.DdlResult`."""
+        assert self._auto is not None, "columns: auto only"
+        return self._auto.migrate(name, shape, dry_run=dry_run)
+
     def ensure_table(self, name: str) -> None:
-        """Create the routed table ``name`` now if it is missing (``ingest migrate``). Raises like a write."""
+        """Create the routed table ``name`` now if it is missing (``ingest migrate``). Raises like a write;
+        ValueError with ``columns: auto`` (a table is made from a record's schema)."""
+        if self._auto is not None:
+            raise ValueError("columns: auto: a table is made from its records' schemas")
         self._table(name)
 
     def _table(self, name: str) -> _Table:
@@ -425,9 +535,11 @@ class PostgresSink:
                     cur.execute(upsert.insert_from_stage)
                     self.statements += 2
                     return
-                # Children follow only the parents the upsert applied (its guard may skip a late writer's):
+                # Children follow only the parents the upsert's ordering guard let through (it skips a late
+                # writer's), those it left unchanged included (statements.UpsertStatements._sources_of_applied):
                 # each collapsed row has its own record, so (stream, offset) names it exactly.
-                cur.execute(self._returning_sources)
+                assert upsert.applied_sources is not None, "explode tables track sources"
+                cur.execute(upsert.applied_sources)
                 applied = set(cur.fetchall())
                 stream_at, offset_at = self._source_index  # type: ignore[misc]
                 parents = [row for row in rows if (row[stream_at], row[offset_at]) in applied]
@@ -499,9 +611,14 @@ class _Table:
     deletes: DeleteStatements | None
     #: the table's number in the shared stage
     route: int = 0
+    #: the columnar tier's SQL of the table (its stage and upsert), once a columnar batch wrote it
+    columnar: ColumnarStatements | None = None
     #: monotonic time of the table's last tombstone expiry
     _expired_at: float = 0.0
 
+
+#: The mark of the routed tables' shared columnar stage among a session's stages (no table name holds a NUL).
+COLUMNAR_STAGED = "\x00columnar"
 
 #: How long a routed table's DDL waits for a lock before it gives up (the batch's retries take it again):
 #: never queued for long ahead of readers behind a long transaction, never stuck on one.

@@ -1,5 +1,10 @@
 """The SQL of one PostgreSQL sink table, composed once: the stage, COPY, the guarded upsert, multi-row VALUES.
 
+The upsert's update is guarded twice (:meth:`UpsertStatements._conflict_clause`): by order (the
+version column, else the row's source: an older record never overwrites a newer row) and, with
+``sink.skip_unchanged`` (the default), by change (``(t.cols) IS DISTINCT FROM (EXCLUDED.cols)`` over
+everything it sets): a row it would leave as it is is not rewritten.
+
 Every name comes from config and is composed with :class:`psycopg.sql.Identifier`;
 column types are the normalised forms of :func:`ingest.core.dialects.pg_base_type`
 (letters, digits, spaces and a numeric modifier only).
@@ -8,6 +13,8 @@ column types are the normalised forms of :func:`ingest.core.dialects.pg_base_typ
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from psycopg import sql
 
@@ -42,6 +49,39 @@ _COPY_TYPE: dict[str, str] = {
     "timestamp": "timestamp", "date": "date", "time": "time", "interval": "interval", "uuid": "uuid",
     "bytea": "bytea",
 }
+
+
+def stage_value(column: str, full_type: str, staged_as_text: bool) -> sql.Composable:
+    """The stage's (``s``) column ``column`` as the table's value: cast to ``full_type`` where it is
+    staged as text (json/jsonb, numeric read as text), else as it is."""
+    value = sql.SQL("s.{}").format(sql.Identifier(column))
+    return sql.SQL("{}::{}").format(value, sql.SQL(full_type)) if staged_as_text else value
+
+
+@dataclass(frozen=True, slots=True)
+class Also:
+    """An assignment the upsert's update makes besides ``column = EXCLUDED.column`` of the row's columns
+    (the soft-delete column's), and when it changes the stored row ``t`` (for the distinct guard)."""
+
+    assign: sql.Composable
+    changes: sql.Composable
+
+
+def _comparable(cfg: PostgresSinkSettings, alias: str, column: str) -> sql.Composable:
+    """``alias.column`` as the distinct guard compares it: a ``json`` column as its text (the type has no
+    equality operator; its text is the stored value, exactly as written), any other column as it is."""
+    value = sql.SQL("{}.{}").format(sql.SQL(alias), sql.Identifier(column))
+    base = pg_base_type(cfg.columns[column].type)[0]
+    return sql.SQL("{}::text").format(value) if base == "json" else value
+
+
+def _changes(cfg: PostgresSinkSettings, columns: list[str], also: Sequence[Also]) -> sql.Composable:
+    """The distinct guard: the update would change the row -- one of ``columns`` (what it sets from
+    ``EXCLUDED``) differs, ``NULL`` and a value differing, or one of ``also``'s assignments changes it."""
+    stored = sql.SQL(", ").join(_comparable(cfg, "t", c) for c in columns)
+    incoming = sql.SQL(", ").join(_comparable(cfg, "EXCLUDED", c) for c in columns)
+    parts = [sql.SQL("({}) IS DISTINCT FROM ({})").format(stored, incoming), *(a.changes for a in also)]
+    return sql.SQL("({})").format(sql.SQL(" OR ").join(parts))
 
 
 class UpsertStatements:
@@ -80,8 +120,7 @@ class UpsertStatements:
             staged = "text" if base in ("json", "jsonb", "varchar") or numeric_text else full
             stage_types.append(staged)
             self.copy_types.append(_COPY_TYPE.get(base, "text") if staged != "text" else "text")
-            cast = sql.SQL("::{}").format(sql.SQL(full)) if base in ("json", "jsonb") or numeric_text else sql.SQL("")
-            select_exprs.append(sql.SQL("{}{}").format(sql.Identifier(c), cast))
+            select_exprs.append(stage_value(c, full, base in ("json", "jsonb") or numeric_text))
             if numeric_text:
                 self.numeric_as_text += (i,)
         stage_columns = list(cfg.columns)
@@ -104,7 +143,7 @@ class UpsertStatements:
         # Several pieces may share one transaction (exactly-once savepoints): empty the stage after each.
         self.clear_stage = sql.SQL("DELETE FROM {stage}").format(stage=stage)
         select = sql.SQL(", ").join(select_exprs)
-        conflict = self._conflict_clause(cfg, target, deletes.undelete if deletes is not None else sql.SQL(""))
+        conflict = self._conflict_clause(cfg, deletes.undelete if deletes is not None else ())
         where = deletes.upsert_filter if deletes is not None else sql.SQL("")
         if route is not None:
             where = sql.SQL(" WHERE s.{} = {}").format(sql.Identifier(ROUTE_COLUMN), sql.Literal(int(route)))
@@ -112,6 +151,11 @@ class UpsertStatements:
             "INSERT INTO {t} AS t ({cols}) SELECT {sel} FROM {stage} AS s{where}{order}{conflict}").format(
                 t=target, cols=cols, sel=select, stage=stage, conflict=conflict, order=self.key_order(cfg),
                 where=where)
+        #: explode's parents: the sources of the staged rows the upsert applied or found unchanged (see
+        #: :meth:`_sources_of_applied`); None for a table without source columns
+        self.applied_sources = (self._sources_of_applied(cfg, self.insert_from_stage, target, stage,
+                                                         dict(zip(self.columns, select_exprs)), where)
+                                if cfg.tracks_sources and cfg.on_conflict == "update" else None)
         self._insert_values_head = sql.SQL("INSERT INTO {t} AS t ({cols}) VALUES ").format(t=target, cols=cols)
         self._conflict = conflict
         self._row_placeholder = sql.SQL("({})").format(sql.SQL(", ").join(sql.Placeholder() * len(self.columns)))
@@ -129,8 +173,13 @@ class UpsertStatements:
             sql.Literal(columns.index(k) + 1) for k in cfg.conflict_key))
 
     @staticmethod
-    def _conflict_clause(cfg: PostgresSinkSettings, target: sql.Composable,
-                         undelete: sql.Composable) -> sql.Composable:
+    def _conflict_clause(cfg: PostgresSinkSettings, also: Sequence[Also] = ()) -> sql.Composable:
+        """`` ON CONFLICT (key) DO UPDATE SET col = EXCLUDED.col, ...`` (plus ``also``'s assignments) with
+        its guards, ANDed: the ordering guard (the version column, else the row's source), and with
+        ``skip_unchanged`` the distinct guard -- the update runs only where it changes the row, judged on
+        everything it sets (the source columns too: an identical record from another offset moves the
+        row's source; ``also``: the soft-delete column, so an upsert of a soft-deleted row undeletes it).
+        ``DO NOTHING`` for ``on_conflict: nothing`` or a table of key columns only; nothing without a key."""
         if cfg.on_conflict == "none":
             return sql.SQL("")
         keys = sql.SQL(", ").join(sql.Identifier(k) for k in cfg.conflict_key)
@@ -140,22 +189,48 @@ class UpsertStatements:
         if not updates:
             return sql.SQL(" ON CONFLICT ({keys}) DO NOTHING").format(keys=keys)
         assignments = sql.SQL(", ").join(
-            sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) for c in updates
-        )
-        clause = sql.SQL(" ON CONFLICT ({keys}) DO UPDATE SET {set}{undelete}").format(keys=keys, set=assignments,
-                                                                                        undelete=undelete)
+            [sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c)) for c in updates] + [a.assign for a in also])
+        clause = sql.SQL(" ON CONFLICT ({keys}) DO UPDATE SET {set}").format(keys=keys, set=assignments)
+        guards: list[sql.Composable] = []
         if cfg.version_column:
             # The version orders records, across partitions too.
             v = sql.Identifier(cfg.version_column)
-            return sql.SQL("{clause} WHERE t.{v} IS NULL OR EXCLUDED.{v} >= t.{v}").format(clause=clause, v=v)
-        if cfg.tracks_sources:
+            guards.append(sql.SQL("(t.{v} IS NULL OR EXCLUDED.{v} >= t.{v})").format(v=v))
+        elif cfg.tracks_sources:
             # Offsets order the records of one partition only: an older record of the row's own
             # partition never overwrites it (a late writer, a replayed dead letter); records of
             # other partitions apply in arrival order.
             s, o = sql.Identifier(STREAM_COLUMN), sql.Identifier(OFFSET_COLUMN)
-            return sql.SQL("{clause} WHERE t.{s} IS DISTINCT FROM EXCLUDED.{s} OR t.{o} IS NULL "
-                           "OR EXCLUDED.{o} >= t.{o}").format(clause=clause, s=s, o=o)
-        return clause
+            guards.append(sql.SQL("(t.{s} IS DISTINCT FROM EXCLUDED.{s} OR t.{o} IS NULL "
+                                  "OR EXCLUDED.{o} >= t.{o})").format(s=s, o=o))
+        if cfg.skip_unchanged:
+            guards.append(_changes(cfg, updates, also))
+        if not guards:
+            return clause
+        return sql.SQL("{clause} WHERE {guards}").format(clause=clause, guards=sql.SQL(" AND ").join(guards))
+
+    @staticmethod
+    def _sources_of_applied(cfg: PostgresSinkSettings, upsert: sql.Composable, target: sql.Composable,
+                            stage: sql.Composable, values: dict[str, sql.Composable],
+                            where: sql.Composable) -> sql.Composable:
+        """``upsert`` (from the stage), returning ``(_ingest_stream, _ingest_offset)`` of each staged row the
+        ordering guard let through: the rows it inserted or updated (``RETURNING``) and, with
+        ``skip_unchanged``, the rows the distinct guard skipped -- found as the rows whose stored source was
+        the staged row's already (the statement's one snapshot is taken before the upsert; the ordering
+        guard skips a row only when its stored source is newer, so such a row was skipped because the
+        update would have left it as it was). Explode writes the children of exactly these parents, as it
+        did when every such row was rewritten: a parent replayed unchanged still gets its children (a new
+        explode step, a changed child column). ``values``: each column's staged value (:func:`stage_value`)."""
+        s, o = sql.Identifier(STREAM_COLUMN), sql.Identifier(OFFSET_COLUMN)
+        returning = sql.SQL("{} RETURNING t.{s}, t.{o}").format(upsert, s=s, o=o)
+        if not cfg.skip_unchanged:
+            return returning
+        match = sql.SQL(" AND ").join(
+            [sql.SQL("t.{} = {}").format(sql.Identifier(k), values[k]) for k in cfg.conflict_key]
+            + [sql.SQL("t.{s} = s.{s} AND t.{o} = s.{o}").format(s=s, o=o)])
+        return sql.SQL("WITH applied AS ({returning}) SELECT {s}, {o} FROM applied UNION ALL "
+                       "SELECT s.{s}, s.{o} FROM {stage} AS s JOIN {t} AS t ON {match}{where}").format(
+            returning=returning, s=s, o=o, stage=stage, t=target, match=match, where=where)
 
     def insert_values(self, n_rows: int) -> sql.Composable:
         return sql.Composed(
@@ -233,28 +308,32 @@ class DeleteStatements:
                                                                          image=ident(IMAGE_FLAG), km=key_match,
                                                                          live=live, ok=not_older)
             # A soft delete with its row's values (an upsert of the key came before it in the batch):
-            # the row is written as that upsert would have, marked deleted.
+            # the row is written as that upsert would have, marked deleted. Its values are the staged
+            # ones as the upsert reads them (json/jsonb are staged as text).
             cols = sql.SQL(", ").join(ident(c) for c in cfg.columns)
-            # the stage holds json/jsonb as text (UpsertStatements): cast as the upsert casts them
-            values = sql.SQL(", ").join(
-                sql.SQL("{}::{}").format(ident(c), sql.SQL(full)) if base in ("json", "jsonb") else ident(c)
-                for c, (base, full) in ((c, pg_base_type(spec.type)) for c, spec in cfg.columns.items()))
+            values = sql.SQL(", ").join(stage_value(c, full, base in ("json", "jsonb"))
+                                        for c, (base, full) in ((c, pg_base_type(spec.type))
+                                                                for c, spec in cfg.columns.items()))
+            marked = Also(sql.SQL("{c} = EXCLUDED.{c}").format(c=col),
+                          sql.SQL("t.{c} IS DISTINCT FROM EXCLUDED.{c}").format(c=col))
             self.delete_with_image = sql.SQL(
                 "INSERT INTO {t} AS t ({cols}, {c}) SELECT {values}, {m} FROM {stage} AS s WHERE s.{image} "
                 "AND NOT EXISTS (SELECT 1 FROM {tomb} d WHERE {dm} AND {newer}){conflict}").format(
                 t=target, cols=cols, values=values, c=col, m=mark, stage=stage, image=ident(IMAGE_FLAG),
-                tomb=self.tombstones,
-                dm=d_match, newer=self._newer(cfg, "d", "s"),
-                conflict=UpsertStatements._conflict_clause(cfg, target, sql.SQL(", {c} = EXCLUDED.{c}").format(c=col)))
+                tomb=self.tombstones, dm=d_match, newer=self._newer(cfg, "d", "s"),
+                conflict=UpsertStatements._conflict_clause(cfg, [marked]))
             #: ``ON CONFLICT DO UPDATE SET`` of the upsert gains ``soft = DEFAULT``: an upsert undeletes
-            self.undelete = sql.SQL(", {c} = DEFAULT").format(c=col)
+            #: (a change whenever the stored row is marked: the column is not at its default, NULL / false)
+            deleted = (sql.SQL("t.{c} IS NOT NULL") if deletes.soft_column_type == "timestamptz"
+                       else sql.SQL("t.{c} IS DISTINCT FROM false")).format(c=col)
+            self.undelete: tuple[Also, ...] = (Also(sql.SQL("{c} = DEFAULT").format(c=col), deleted),)
             soft_type = "timestamptz" if deletes.soft_column_type == "timestamptz" else "boolean NOT NULL DEFAULT false"
             self.soft_column_ddl = sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {c} {ty}").format(
                 t=target, c=col, ty=sql.SQL(soft_type))
         else:
             self.delete = sql.SQL("DELETE FROM {t} AS t USING {stage} AS s WHERE s.{flag} AND {km} AND {ok}").format(
                 t=target, stage=stage, flag=flag, km=key_match, ok=not_older)
-            self.undelete = sql.SQL("")
+            self.undelete = ()
             self.soft_column_ddl = None
             self.delete_with_image = None
         cols = sql.SQL(", ").join(ident(c) for c in self.tombstone_columns)

@@ -1,0 +1,201 @@
+"""``columns: auto`` (pure logic): the settings it takes and refuses, and records → carrier rows.
+
+The tables it creates and evolves are tested against a real PostgreSQL and broker in
+``tests/integration/test_mirror_auto.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from harness.debezium import Field, encode_event, encode_key
+from pydantic import ValidationError
+
+from ingest.cdc.mapper import mapper_for
+from ingest.config import PipelineSettings
+from ingest.core.collapse import collapse
+from ingest.errors import InvalidRecord, NoChange
+from ingest.mirror.auto import KEY_AT, SHAPE_AT, VALUES_AT
+from ingest.mirror.router import table_of
+from ingest.types import DeleteRow, Item, Record
+
+FIELDS = (Field("id", "int64", optional=False), Field("name", "string"), Field("price", "decimal(12,2)"))
+KEY = (Field("id", "int64", optional=False),)
+
+
+def settings(**extra: Any) -> PipelineSettings:
+    sink = {"kind": "postgres", "table": "{source.table}", "columns": "auto", **extra.pop("sink", {})}
+    return PipelineSettings.model_validate({"name": "m", "topics": ["^db\\..*"], "envelope": "debezium",
+                                            "sink": sink, **extra})
+
+
+def event(op: str, i: int, name: str | None = "n", *, fields: tuple[Field, ...] = FIELDS, offset: int = 0,
+          table: str = "items") -> Record:
+    after = None if op == "d" else {"id": i, "name": name, "price": "1.50"}
+    before = {"id": i} if op == "d" else None
+    value = encode_event(op, before, after, fields=fields, lsn=offset, ts_ms=1, schemas=True, table=table)
+    key = encode_key({"id": i}, fields=KEY, schemas=True, table=table)
+    return Record("db.public." + table, 0, offset, key, value, 0)
+
+
+def test_columns_auto_becomes_the_carrier_columns_keyed_by_the_records_key() -> None:
+    p = settings()
+    assert p.auto_columns and p.routes_tables
+    assert list(p.sink.columns)[:3] == ["_ingest_key", "_ingest_shape", "_ingest_values"]
+    assert p.sink.conflict_key == ["_ingest_key"] and p.sink.evolve == "add_columns"
+    assert p.collapse_rule().key_index == (0, len(p.sink.columns))  # the key, then the table
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    ({"sink": {"conflict_key": ["id"]}}, "conflict_key: auto"),
+    ({"sink": {"version_column": "lsn"}}, "version: {column: NAME"),
+    ({"sink": {"version": {"column": "_ingest_v", "source": "@source.lsn"}}}, "reserved for ingest"),
+    ({"sink": {"version": {"column": "lsn", "source": "$.lsn"}}}, "@source.PATH or record metadata"),
+    ({"sink": {"evolve": "sometimes"}}, "evolve"),
+    ({"sink": {"write_method": "values"}}, "write_method copy"),
+    ({"format": "xml"}, "format"),
+    ({"format": "avro", "schema_registry": None}, "set key_format avro"),
+    ({"transforms": [{"drop": ["x"]}]}, "transforms"),
+    ({"key": "$.id"}, "key:"),
+])
+def test_settings_columns_auto_cannot_take_say_why(extra: dict[str, Any], says: str) -> None:
+    extra.pop("schema_registry", None)
+    with pytest.raises(ValidationError) as err:
+        settings(**extra)
+    assert says in str(err.value)
+
+
+def test_a_change_event_maps_to_a_carrier_of_its_schema_and_table() -> None:
+    m = mapper_for(settings())
+    row, _ = m.map(event("c", 7, offset=3))
+    assert table_of(row) == "items" and row[KEY_AT] == (7,)
+    shape = row[SHAPE_AT]
+    assert shape.shape.names == ("id", "name", "price") and shape.shape.key == ("id",)
+    assert [c.type for c in shape.shape.columns] == ["bigint", "text", "numeric(12,2)"]
+    assert row[VALUES_AT].values == (7, "n", __import__("decimal").Decimal("1.50"))
+    again, _ = m.map(event("u", 8, offset=4))
+    assert again[SHAPE_AT] is shape  # one RowShape per schema
+    deleted, _ = m.map(event("d", 7, offset=5))
+    assert type(deleted) is DeleteRow and deleted[KEY_AT] == (7,) and deleted[VALUES_AT] is None
+
+
+def test_a_new_field_is_a_new_shape_and_collapse_keeps_the_last_record_of_a_key_per_table() -> None:
+    m = mapper_for(settings())
+    wider = (*FIELDS, Field("color", "string"))
+    rows = [m.map(event("c", 1, offset=0))[0], m.map(event("u", 1, offset=1, fields=wider))[0],
+            m.map(event("c", 1, offset=2, table="other"))[0]]
+    assert rows[0][SHAPE_AT] is not rows[1][SHAPE_AT]
+    assert rows[1][SHAPE_AT].shape.names[-1] == "color"
+    items = [Item(None, row, None, 0, 1) for row in rows]  # type: ignore[arg-type]
+    failed, groups = collapse(items, settings().collapse_rule())
+    assert failed == [] and [(table_of(g[0].row), g[0].row[4]) for g in groups] == [("items", 1), ("other", 2)]
+
+
+def test_records_without_a_schema_a_bad_value_and_tombstones() -> None:
+    m = mapper_for(settings())
+    with pytest.raises(InvalidRecord) as err:
+        m.map(Record("db.public.items", 0, 0, None, b'{"id": 1}', 0))
+    assert err.value.error_class == "no_schema"
+    bad = event("c", 1)
+    bad_value = bad.value.replace(b'"name":"n"', b'"name":{"deep":1}')  # type: ignore[union-attr]
+    with pytest.raises(InvalidRecord) as err:
+        m.map(Record(bad.topic, 0, 0, bad.key, bad_value, 0))
+    assert "column 'name'" in err.value.message
+    with pytest.raises(NoChange):
+        m.map(Record("db.public.items", 0, 1, event("c", 1).key, None, 0))
+
+
+def test_a_field_that_cannot_be_a_column_is_schema_incompatible() -> None:
+    m = mapper_for(settings())
+    with pytest.raises(InvalidRecord) as err:
+        m.map(event("c", 1, fields=(*FIELDS, Field("_ingest_stream", "int64"))))
+    assert err.value.error_class == "schema_incompatible"
+
+
+def test_a_table_without_a_key_appends_every_record() -> None:
+    m = mapper_for(settings())
+    value = encode_event("c", None, {"id": 1, "name": "a", "price": None}, fields=FIELDS, lsn=1, ts_ms=1,
+                         schemas=True, table="log")
+    a, _ = m.map(Record("db.public.log", 0, 5, None, value, 0))
+    b, _ = m.map(Record("db.public.log", 0, 6, None, value, 0))
+    assert a[SHAPE_AT].shape.key == () and a[KEY_AT] != b[KEY_AT]
+
+
+def test_one_version_for_every_table_rides_last_and_collapse_keeps_the_highest() -> None:
+    p = settings(sink={"version": {"column": "lsn", "source": "@source.lsn"}})
+    m = mapper_for(p)
+    high, _ = m.map(event("u", 1, offset=0))
+    high = (*high[:5], 900, high[-1])  # as if its LSN were 900
+    low, _ = m.map(event("u", 1, offset=1))
+    assert low[5] == 1  # the event's source.lsn (event() writes lsn=offset)
+    failed, groups = collapse([Item(None, r, None, 0, 1) for r in (high, low)], p.collapse_rule())  # type: ignore[arg-type]
+    assert failed == [] and groups[0][0].row[5] == 900
+    with pytest.raises(InvalidRecord) as err:  # a field named like the version column cannot be a column
+        m.map(event("c", 2, fields=(*FIELDS, Field("lsn", "int64"))))
+    assert err.value.error_class == "schema_incompatible"
+
+
+@pytest.mark.parametrize(("sink", "says"), [
+    ({"tables": {"t": {"columns": {"x": {"type": "nonsense(("}}}}}, "tables"),
+    ({"tables": {"t": {"conflict_key": ["id"], "on_conflict": "none"}}}, "append-only table has no key"),
+    ({"tables": {"t": {"conflict_key": []}}}, "at least one column"),
+    ({"tables": {"t": {"version_column": "v"}}}, "version_column"),
+])
+def test_table_overrides_it_cannot_take_say_why(sink: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        settings(sink=sink)
+    assert says in str(err.value)
+
+
+def test_tables_go_with_columns_auto_only() -> None:
+    with pytest.raises(ValidationError) as err:
+        PipelineSettings.model_validate({"name": "m", "topics": ["t"], "sink": {
+            "table": "t", "conflict_key": ["id"], "columns": {"id": {"type": "bigint"}}, "tables": {"t": {}}}})
+    assert "tables: per-table overrides go with columns: auto" in str(err.value)
+
+
+def test_an_override_rekeys_and_retypes_the_tables_it_matches_only() -> None:
+    m = mapper_for(settings(sink={"tables": {"ite*": {"conflict_key": ["name"], "columns": {"price": {"type": "text"}}}}}))
+    row, _ = m.map(event("c", 7, name="n7"))
+    assert row[KEY_AT] == ("n7",) and row[SHAPE_AT].shape.key == ("name",)
+    assert row[VALUES_AT].values == (7, "n7", "1.50")  # the text the numeric coerces to as text
+    other, _ = m.map(event("c", 7, name="n7", table="other"))
+    assert other[KEY_AT] == (7,)
+    with pytest.raises(InvalidRecord) as err:  # the key column must be a field of the value
+        mapper_for(settings(sink={"tables": {"items": {"conflict_key": ["nope"]}}})).map(event("c", 1))
+    assert err.value.error_class == "schema_incompatible"
+
+
+def test_preview_shows_the_columns_each_schema_gives_under_its_table() -> None:
+    from ingest.config import Settings
+    from ingest.preview import preview
+
+    p = settings(sink={"version": {"column": "lsn", "source": "@source.lsn"}})
+    again = Settings.model_validate({"pipelines": [p.model_dump(by_alias=True)]})  # settings survive a round trip
+    assert again.pipelines[0].auto_columns and again.pipelines[0].sink.version_column == "_ingest_version"
+    report = preview(again, p, [event("c", 1), event("d", 2, table="other"), event("c", 3, table="other")])
+    tables = report.as_dict()["tables"]
+    assert tables["items"] == [{"topic": "db.public.items", "partition": 0, "offset": 0,
+                                "row": {"id": 1, "name": "n", "price": __import__("decimal").Decimal("1.50")}}]
+    assert [e.get("delete") or e.get("row") for e in tables["other"]] == [
+        {"id": 2}, {"id": 3, "name": "n", "price": __import__("decimal").Decimal("1.50")}]
+
+
+def test_plain_connect_json_values_are_converted_by_their_schema() -> None:
+    """Without an envelope, a Connect struct's Decimal (base64) and Date (days) are read by the schema."""
+    schema = {"type": "struct", "optional": False, "fields": [
+        {"field": "id", "type": "int64", "optional": False},
+        {"field": "price", "type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+         "parameters": {"scale": "2", "connect.decimal.precision": "12"}},
+        {"field": "day", "type": "int32", "optional": True, "name": "io.debezium.time.Date"}]}
+    import datetime
+    import json
+
+    p = PipelineSettings.model_validate({"name": "m", "topics": ["plain"], "sink": {
+        "kind": "postgres", "table": "plain", "columns": "auto"}})
+    key = json.dumps({"schema": {"type": "struct", "fields": [{"field": "id", "type": "int64", "optional": False}]},
+                      "payload": {"id": 5}}).encode()
+    value = json.dumps({"schema": schema, "payload": {"id": 5, "price": "AOE=", "day": 20000}}).encode()
+    row, _ = mapper_for(p).map(Record("plain", 0, 0, key, value, 0))
+    assert row[VALUES_AT].values == (5, __import__("decimal").Decimal("2.25"), datetime.date(2024, 10, 4))
