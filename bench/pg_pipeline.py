@@ -21,6 +21,8 @@ same records:
 (e) runs with 1 and 4 lanes in one process, and with ``--processes 2`` and 1 or 2 lanes each, all
 with the default settings (a pipeline of this stream has the columnar tier with any number of lanes,
 issue #38), and once more as ``lanes=1, rows`` (``columnar: false``: the row path beside it).
+``--configs version_column exactly-once`` adds, with 1 process and 1 lane, the same pipeline with
+``version_column: ts`` and with ``delivery: exactly_once`` (each into a table of its own).
 Two more streams run end to end in the first configuration (1 process, the first of ``--lanes``),
 each right after its clean run in every round: (p) the same records with 0.1 % poison
 (``common.poison_event``; the run must dead-letter exactly those) and (w) a wide stream
@@ -117,6 +119,11 @@ BATCH_ROWS = 5000
 #: The end-to-end configuration by rows (``columnar: false``; 1 process, 1 lane, JSON): the default
 #: configuration (``lanes=1``) has the columnar tier, this one measures the row path beside it.
 ROWS = "lanes=1, rows"
+#: ``--configs``: more configurations end to end (1 process, 1 lane, JSON), by label: (table tag, sink settings)
+EXTRA_CONFIGS: dict[str, tuple[str, dict]] = {
+    "lanes=1, version_column": ("_version", {"version_column": "ts"}),
+    "lanes=1, exactly-once": ("_eo", {"delivery": "exactly_once"}),
+}
 COLUMNS = {
     "event_id": {"type": "bigint", "source": "$.id", "required": True},
     "user_id": {"type": "bigint", "source": "$.user"},
@@ -205,7 +212,8 @@ def naive(bootstrap: str, topic: str, dsn: str, mapper: Mapper, n: int) -> float
 
 
 def e2e_config(bootstrap: str, topic: str, dsn: str, table: str, lanes: int, registry_url: str | None = None,
-               fmt: str = "avro", columns: dict | None = None, columnar: bool | None = None) -> dict:
+               fmt: str = "avro", columns: dict | None = None, columnar: bool | None = None,
+               sink_extra: dict | None = None) -> dict:
     """The end-to-end configuration; with ``registry_url``, the same one reading ``fmt`` (``avro`` or
     ``protobuf``; schemas from that Schema Registry); ``columnar``: the ``columnar`` setting (None: unset,
     the default: the columnar tier wherever it fits)."""
@@ -215,7 +223,7 @@ def e2e_config(bootstrap: str, topic: str, dsn: str, table: str, lanes: int, reg
             "name": "bench", "topics": [topic], "group_id": f"bench-e2e-{uuid.uuid4().hex}",
             "lanes": lanes, "batch": {"max_rows": BATCH_ROWS, "max_latency_ms": 200},
             "sink": {"kind": "postgres", "dsn": dsn, "table": table, "conflict_key": ["event_id"],
-                     "columns": columns or COLUMNS},
+                     "columns": columns or COLUMNS, **(sink_extra or {})},
             "dlq": {"kind": "postgres", "table": "bench_dlq"},
         }],
     }
@@ -293,31 +301,34 @@ def run_command(path: Path, processes: int, summary: Path | None = None) -> list
 
 
 def idle_cpu_s(bootstrap: str, dsn: str, lanes: int, processes: int, registry_url: str | None = None,
-               fmt: str = "avro", columns: dict | None = None, columnar: bool | None = None) -> float:
+               fmt: str = "avro", columns: dict | None = None, columnar: bool | None = None,
+               label: str = "") -> float:
     """CPU-seconds of ``ingest run`` (its own processes only) on an empty topic: start-up, group join
     and the idle wait, which the end-to-end runs also pay; subtracted to give ingest's CPU per record."""
     topic = f"bench-idle-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic)
-    table = f"bench_idle_{lanes}_{processes}"
+    table = f"bench_idle_{lanes}_{processes}{EXTRA_CONFIGS.get(label, ('', None))[0]}"
     make_table(dsn, table, keyed=True, columns=columns)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "idle.yaml"
         path.write_text(yaml.safe_dump(e2e_config(bootstrap, topic, dsn, table, lanes, registry_url, fmt, columns,
-                                                  columnar)))
+                                                  columnar, EXTRA_CONFIGS.get(label, ("", None))[1])))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         return run_measured(run_command(path, processes), env=env)
 
 
 def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int = 1,
                registry_url: str | None = None, fmt: str = "avro", tag: str = "", columns: dict | None = None,
-               columnar: bool | None = None) -> dict:
+               columnar: bool | None = None, label: str = "") -> dict:
     """``ingest run`` of ``topic`` (``fmt``, Avro or Protobuf, with ``registry_url``; else JSON) into a fresh
     table (``tag`` in its name: another stream's table); ``columnar``: the ``columnar`` setting (None: unset)."""
     tag += "_rows" if columnar is False else ""
+    extra_tag, sink_extra = EXTRA_CONFIGS.get(label, ("", None))
+    tag += extra_tag
     table = (f"bench_e2e{tag}_{lanes}_{processes}" if registry_url is None
              else f"bench_e2e_{fmt}{tag}_{lanes}_{processes}")
     make_table(dsn, table, keyed=True, columns=columns)
-    cfg = e2e_config(bootstrap, topic, dsn, table, lanes, registry_url, fmt, columns, columnar)
+    cfg = e2e_config(bootstrap, topic, dsn, table, lanes, registry_url, fmt, columns, columnar, sink_extra)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -461,6 +472,9 @@ def main() -> None:
                     help="skip the wide stream (16 columns, ~760 B, nested; end to end, 1 process, first of --lanes)")
     ap.add_argument("--no-rows", action="store_true",
                     help=f"skip the row path's configuration ({ROWS}, columnar: false; 1 process; every format)")
+    ap.add_argument("--configs", nargs="*", default=[], choices=["version_column", "exactly-once"],
+                    help="more configurations end to end (1 process, 1 lane): a version column (ts), "
+                         "exactly-once delivery")
     ap.add_argument("--no-poison", action="store_true",
                     help="skip the 0.1 %%-poison stream (end to end, 1 process, lanes as the first of --lanes)")
     args = ap.parse_args()
@@ -518,6 +532,7 @@ def main() -> None:
                         for lanes in args.process_lanes]
         if not args.no_rows:  # with Avro / Protobuf too: the row path of each format beside its default
             configs.append((ROWS, 1, 1))
+        configs += [(label, 1, 1) for label in EXTRA_CONFIGS if label.split(", ")[1] in args.configs]
         # One round measures everything once, so that a slow spell of this shared machine
         # hits every measure of that round rather than one measure of the whole run.
         rates: dict[str, list[float]] = {}
@@ -548,7 +563,7 @@ def main() -> None:
                 shift = rnd % len(formats)
                 for fmt in formats[shift:] + formats[:shift]:
                     by_format[fmt][label].append(end_to_end(bootstrap, topics[fmt], dsn, lanes, processes,
-                                                            urls[fmt], fmt, columnar=_setting(label)))
+                                                            urls[fmt], fmt, columnar=_setting(label), label=label))
                 if label == ROWS and poison_topic is not None:
                     rows_poison_runs.append(end_to_end(bootstrap, poison_topic, dsn, lanes, processes,
                                                        tag="_poison", columnar=False))
@@ -570,7 +585,7 @@ def main() -> None:
                               for fmt in formats for k, v in by_format[fmt].items()), flush=True)
         d = args.naive_records / naive(bootstrap, topic, dsn, mapper, args.naive_records)
         idles = {fmt: {label: idle_cpu_s(bootstrap, dsn, lanes, processes, urls[fmt], fmt,
-                                         columnar=_setting(label))
+                                         columnar=_setting(label), label=label)
                        for label, lanes, processes in configs} for fmt in formats}
         idle = idles[primary]
 

@@ -690,3 +690,27 @@ def test_migrate_dry_run_check_and_migrate_plan_clickhouse_tables_from_the_lates
         chdb.close()
     out = ingest("check")
     assert "warn" in out and "incompatible with its latest schema" in out and "'name'" in out, out
+
+
+def test_per_table_overrides_rekey_retype_or_append_clickhouse_tables(chdb) -> None:
+    """``tables:``: one table sorted by another column with a column's type given, one appending every
+    record (MergeTree), one as its schema says."""
+    p = _settings(chdb.url, deletes=False, tables={
+        "ov_*": {"conflict_key": ["label"], "columns": {"qty": {"type": "Int64"}}},
+        "log": {"on_conflict": "none"}})
+    sink = BACKEND.build(p, lanes=1)
+    feed = Feed(p)
+    tables = {name: Evolving(name) for name in ("ov_a", "log", "plain")}
+    try:
+        for name, source in tables.items():  # ids 0..9, labels repeat every 5 ids; then 0..2 again
+            sink.write(feed.rows(source.upserts(V1, range(10), lambda i: {"label": f"l{i % 5}", "qty": i}), name))
+            sink.write(feed.rows(source.upserts(V1, range(3), lambda i: {"label": f"l{i % 5}", "qty": -i}), name))
+        client = sink.client()
+        assert engine(client, "ov_a")[1].strip("()") == "label" and ch_columns(client, "ov_a")["qty"] == "Nullable(Int64)"
+        got = {r[0]: r[1:] for r in client.query(f"SELECT label, id, qty FROM `{DB}`.`ov_a` FINAL").result_rows}
+        assert got == {"l0": (0, 0), "l1": (1, -1), "l2": (2, -2), "l3": (8, 8), "l4": (9, 9)}
+        assert engine(client, "log")[0].startswith("MergeTree")
+        assert client.query(f"SELECT count() FROM `{DB}`.`log`").result_rows[0][0] == 13
+        assert engine(client, "plain")[1].strip("()") == "id" and ch_columns(client, "plain")["qty"] == "Nullable(Int32)"
+    finally:
+        sink.close()

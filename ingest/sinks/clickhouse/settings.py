@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from ingest.config.base import ColumnSpec, SinkSettingsBase, check_identifier
+from ingest.config.base import ColumnSpec, Frozen, SinkSettingsBase, check_identifier
 from ingest.core.collapse import CollapseRule
 from ingest.core.dialects import ChType, ch_type
 
@@ -29,6 +29,41 @@ DELETED_COLUMN = "_ingest_deleted"
 #: Name of the hidden version column added when ``version_column`` is not set.
 CH_DEFAULT_VERSION_COLUMN = "_version"
 CH_URL_RE = re.compile(r"^(https?://[^\s/]+/?|chdb://memory(/[^\s/]*)?|chdb://[^\s]+)$")
+
+
+class ChColumnOverride(Frozen):
+    """A column's ClickHouse type in a ``tables:`` entry (instead of the type map's; without ``Nullable``:
+    the schema says whether the column may hold NULL)."""
+
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, value: str) -> str:
+        t = ch_type(value)
+        if t.nullable:
+            raise ValueError(f"{value!r}: give the type without Nullable (the schema's field says it)")
+        return value
+
+
+class ChTableOverride(Frozen):
+    """A ``tables:`` entry of a ClickHouse ``columns: auto`` sink: what one table (or the tables a glob
+    matches) takes instead of what its records' schemas say."""
+
+    #: the sorting key: these value columns instead of the record key's fields
+    conflict_key: list[str] | None = None
+    #: column → its type (a column the schema lacks is not added)
+    columns: dict[str, ChColumnOverride] = Field(default_factory=dict)
+    #: ``none``: every record a row (``MergeTree ORDER BY tuple()``) even when the records have a key
+    on_conflict: Literal["update", "none"] | None = None
+
+    @model_validator(mode="after")
+    def _one_key(self) -> ChTableOverride:
+        if self.on_conflict == "none" and self.conflict_key:
+            raise ValueError("conflict_key and on_conflict none: an append-only table has no key")
+        if self.conflict_key is not None and (not self.conflict_key or len(set(self.conflict_key)) != len(self.conflict_key)):
+            raise ValueError("conflict_key lists at least one column, each once")
+        return self
 
 
 class ClickHouseSinkSettings(SinkSettingsBase):
@@ -73,6 +108,9 @@ class ClickHouseSinkSettings(SinkSettingsBase):
     #: With ``columns: auto``: how a table follows its schema (ingest.mirror.evolve): ``off``,
     #: ``add_columns`` (new fields become ``Nullable`` columns) or ``add_and_widen``.
     evolve: Literal["off", "add_columns", "add_and_widen"] = "add_columns"
+    #: With ``columns: auto``: per-table overrides, by resolved table name or glob (see
+    #: :class:`ChTableOverride`).
+    tables: dict[str, ChTableOverride] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -199,6 +237,8 @@ def auto_columns(data: Any) -> Any:
         for name in ("order_by", "conflict_key"):
             if data.get(name) == "auto":
                 raise ValueError(f"{name}: auto goes with columns: auto (the key of a schema's table)")
+        if data.get("tables") and not data.get("auto_columns"):
+            raise ValueError("tables: per-table overrides go with columns: auto")
         return data
     from ingest.mirror.auto import CARRIER_KEY, CARRIER_SHAPE, CARRIER_VALUES  # imports no settings
 
