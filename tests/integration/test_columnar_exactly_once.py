@@ -79,12 +79,14 @@ def test_an_exactly_once_pipeline_writes_on_the_columnar_tier(kafka_bootstrap, p
 def _hostile_stream(*, unkeyed: bool) -> list[tuple[bytes | None, bytes]]:
     """:func:`columnar_stream`'s records (poison of three kinds, ISO timestamps only the row mapper
     takes) plus a ``kind`` too long for ``varchar(6)`` at i = 503, 1503, 2503 (the database refuses the
-    row: isolated inside the batch transaction; 2503 is its key's last record, so even a keyed table
-    sends it); with ``unkeyed`` every third record and the last 60 have no Kafka key (exactly-once
+    row: isolated inside the batch transaction), each the only record of its id (so whatever the batch
+    boundaries of a run, both tiers try to write it -- with a later record of its id in the same batch
+    the collapse would drop it, and the two runs' DLQs would differ by timing); with ``unkeyed`` every third record and the last 60 have no Kafka key (exactly-once
     routes them by their offset: with each partition's last records unkeyed, the lane offsets at the
     end tell where they went)."""
     def doc_of(i: int) -> dict:
-        return {"id": i % 700, "n": i, "kind": "toolong" if i % 1000 == 503 else f"k{i % 7}",
+        toolong = i % 1000 == 503  # a row of its own: no later record of its id can collapse it away
+        return {"id": 10_000 + i if toolong else i % 700, "n": i, "kind": "toolong" if toolong else f"k{i % 7}",
                 "ts": 1_764_460_800_000 + i, **({"note": {"x": [i]}} if i % 4 == 0 else {})}
 
     out = columnar_stream(doc_of)
