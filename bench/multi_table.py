@@ -11,9 +11,10 @@ one topic has as many partitions as the N together, so batches collapse alike). 
 ``ingest run --until-idle`` (one process, one lane), ``--rounds`` times interleaved:
 
   one table        topics: [the one topic], sink.table: a name (the default write tier: columnar)
-  one table, rows  the same with ``columnar: false`` (the row path, which routing takes)
+  one table, rows  the same with ``columnar: false`` (the row path beside it)
   N tables         topics: ['^<prefix>\\.(?P<t>t[0-9]+)$'], sink.table: "{t}": every table created on
-                   its first record, each batch one COPY and one upsert per table it holds
+                   its first record; on the columnar tier each batch is split by table, one CSV COPY of
+                   every table's rows into one stage and every table's upsert in one round trip
 
 and prints records/s (best, median) and ingest's own CPU per record (user + sys of its process less
 an idle run of the same configuration on empty topics), and the ratio N tables / one table (the
