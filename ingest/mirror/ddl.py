@@ -397,13 +397,22 @@ def read_clickhouse_shape(client: Any, database: str, table: str) -> Shape | Non
 #: TABLE_ALREADY_EXISTS, DATABASE_ALREADY_EXISTS. It was a lost race when the catalog, read again, no
 #: longer needs the statement; when it still does, the error is raised as it is.
 _CH_LOST_RACE = frozenset({15, 44, 57, 82})
-_ch_locks: dict[tuple[str, str], threading.Lock] = {}
-_ch_locks_guard = threading.Lock()
 
 
-def _ch_lock(database: str, table: str) -> threading.Lock:
-    with _ch_locks_guard:
-        return _ch_locks.setdefault((database, table), threading.Lock())
+class KeyedLocks:
+    """One lock per key, made on first use: DDL on one table never holds up another's. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[Any, threading.Lock] = {}
+
+    def __call__(self, key: Any) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+
+#: ClickHouse has no advisory lock: a table's DDL is serialised in the process
+_ch_lock = KeyedLocks()
 
 
 def ensure_clickhouse(client: Any, where: ClickHouseTable, wanted: Shape, mode: Evolve = "add_columns", *,
@@ -423,7 +432,7 @@ def ensure_clickhouse(client: Any, where: ClickHouseTable, wanted: Shape, mode: 
             if isinstance(p, Incompatible):
                 return DdlResult(where.table, "incompatible", (), existing, p, dry_run=True)
             return DdlResult(where.table, _action(p), tuple(clickhouse_statements(where, p)), p.shape, dry_run=True)
-        with _ch_lock(where.database, where.table):
+        with _ch_lock((where.database, where.table)):
             ran: list[str] = []
             first: Action | None = None
             failed: tuple[str, Exception] | None = None

@@ -35,7 +35,6 @@ transient error, so the batch's retry reads the catalog again and repairs the ta
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ from typing import Any
 from ingest.core.dialects import ChType, ch_type
 from ingest.errors import PermanentError
 from ingest.mirror.auto import KEY_AT, OFFSET_AT, SHAPE_AT, VALUES_AT, RowShape
-from ingest.mirror.ddl import ClickHouseTable, DdlResult, ensure_clickhouse, read_clickhouse_shape
+from ingest.mirror.ddl import ClickHouseTable, DdlResult, KeyedLocks, ensure_clickhouse, read_clickhouse_shape
 from ingest.mirror.errors import SchemaIncompatible
 from ingest.mirror.evolve import Incompatible, plan
 from ingest.mirror.router import table_of
@@ -137,8 +136,7 @@ class ClickHouseAutoTables:
         self._cfg = cfg
         self._deletes = deletes
         self._tables: dict[str, AutoTable] = {}
-        self._lock = threading.Lock()
-        self._locks: dict[str, threading.Lock] = {}
+        self._table_lock = KeyedLocks()  # one per table name
 
     # -- before the inserts --------------------------------------------------------------------
     def prepare(self, client: Any, rows: Sequence[tuple[Any, ...]], *, window: int | None,
@@ -175,9 +173,7 @@ class ClickHouseAutoTables:
         t = self._tables.get(name)
         if t is not None and self._fits(t, wanted):
             return t
-        with self._lock:
-            lock = self._locks.setdefault(name, threading.Lock())
-        with lock:
+        with self._table_lock(name):
             t = self._tables.get(name)
             if t is not None and self._fits(t, wanted):
                 return t

@@ -44,7 +44,7 @@ from ingest.drivers.postgres import connect, translate
 from ingest.errors import MigrationError, PermanentError, TransientError
 from ingest.mirror.auto import KEY_AT, OFFSET_AT, SHAPE_AT, STREAM_AT, VALUES_AT, VERSION_AT, RowShape
 from ingest.mirror.ddl import _PG_LOST_RACE as LOST_RACE
-from ingest.mirror.ddl import DdlResult, ensure_postgres, lock_key, read_postgres_shape
+from ingest.mirror.ddl import DdlResult, KeyedLocks, ensure_postgres, lock_key, read_postgres_shape
 from ingest.mirror.errors import SchemaIncompatible
 from ingest.mirror.evolve import Incompatible, plan
 from ingest.mirror.router import table_of
@@ -102,7 +102,7 @@ class AutoTables:
         self._deletes = deletes
         self._tables: dict[str, AutoTable] = {}
         self._lock = threading.Lock()
-        self._locks: dict[str, threading.Lock] = {}
+        self._table_lock = KeyedLocks()  # one per table name
         self._versions = 0
         #: per session: the version of each table's stage it holds
         self._staged: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
@@ -170,9 +170,7 @@ class AutoTables:
         t = self._tables.get(name)
         if t is not None and self._fits(t, wanted):
             return t
-        with self._lock:
-            lock = self._locks.setdefault(name, threading.Lock())
-        with lock:
+        with self._table_lock(name):
             t = self._tables.get(name)
             if t is not None and self._fits(t, wanted):
                 return t

@@ -50,7 +50,7 @@ from ingest.sinks.postgres.statements import (
     stage_name,
 )
 from ingest.core.mapping.columnar import StagedColumn
-from ingest.mirror.ddl import lock_key, postgres_tables
+from ingest.mirror.ddl import KeyedLocks, lock_key, postgres_tables
 from ingest.mirror.router import table_of, without_table
 from ingest.types import DeleteRow, ImageDeleteRow
 
@@ -86,7 +86,7 @@ class PostgresSink:
         #: routed: the SQL of each table seen so far (composed once), after its table was ensured
         self._tables: dict[str, _Table] = {}
         self._tables_lock = threading.Lock()
-        self._table_locks: dict[str, threading.Lock] = {}
+        self._table_lock = KeyedLocks()  # one per table name: a table's DDL never holds up the others
         self._routes = 0  # the next routed table's number in the shared stage
         #: routed: the tables whose stage each pooled connection has (created outside a transaction)
         self._staged: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
@@ -500,9 +500,7 @@ class PostgresSink:
         t = self._tables.get(name)
         if t is not None:
             return t
-        with self._tables_lock:  # one lock per table name: a table's DDL never holds up the others
-            lock = self._table_locks.setdefault(name, threading.Lock())
-        with lock:
+        with self._table_lock(name):
             t = self._tables.get(name)
             if t is None:
                 cfg = self._cfg.model_copy(update={"table": name})
