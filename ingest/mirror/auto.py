@@ -45,10 +45,11 @@ from typing import Any
 
 import orjson
 
+from ingest.cdc.debezium import _PAYLOAD_KEY, _SCHEMA_HEAD, SchemaParts, unwrap, unwrap_key
 from ingest.core.mapping.common import _Bad
-from ingest.cdc.debezium import _PAYLOAD_KEY, _SCHEMA_HEAD, SchemaParts
 from ingest.core.routing import stream_id
 from ingest.errors import IngestError, InvalidRecord, NoChange
+from ingest.formats import wire
 from ingest.mirror.errors import SchemaIncompatible
 from ingest.mirror.shape import Shape, shape_from_avro, shape_from_connect, shape_from_json_schema, shape_from_protobuf
 from ingest.types import DeleteRow, Record
@@ -222,8 +223,6 @@ class AutoMapper:
                 if self._debezium:
                     image = None
                 else:  # the struct's values converted by its schema (Connect Decimal, Date, ...) as keys are
-                    from ingest.cdc.debezium import unwrap_key
-
                     image = unwrap_key(doc)
                 if self._parts is not None:
                     self._parts.remember(record.value, doc)  # type: ignore[arg-type]
@@ -232,8 +231,6 @@ class AutoMapper:
                 cache_key = (schema, _hashable(key_token))
                 image = doc
             if self._debezium:
-                from ingest.cdc.debezium import unwrap  # the change event's images, values converted
-
                 change = unwrap(doc)
         if change is not None and change.op == "t":
             if self._truncate == "ignore":
@@ -330,8 +327,6 @@ class AutoMapper:
         except orjson.JSONDecodeError:
             return None, None  # a key that is not JSON names no columns
         if type(doc) is dict and set(doc) == {"schema", "payload"}:
-            from ingest.cdc.debezium import unwrap_key
-
             head = _connect_head(record.key)  # the schema part's bytes: its cache key, when they stand alone
             return unwrap_key(doc), ("connect", doc["schema"], head)
         if type(doc) is dict and doc:  # its fields in one order, whatever order a producer wrote them in
@@ -452,8 +447,6 @@ def _json_schema_after(root: Any) -> Any:
 def _schema_ref(record: Record, field: str = "value", *, protobuf: bool = False) -> tuple[Any, tuple[int, ...]]:
     """``(schema ref, message indexes)`` of a registry-format value (or key); the indexes are ``()``
     except for Protobuf."""
-    from ingest.formats import wire
-
     if protobuf:
         ref, indexes, _ = wire.split_protobuf(record, field)  # type: ignore[arg-type]
         return ref, tuple(indexes)
