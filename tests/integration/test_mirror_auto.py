@@ -20,7 +20,8 @@ import psycopg
 import pytest
 from harness import run_ingest, start_ingest, write_config
 from harness.cdc_source import SourceTable, partition_of, produce_stream
-from harness.debezium import Field, encode_event, encode_key
+from harness.debezium import encode_event
+from harness.evolving import V1, V2, V3, V4, Evolving
 from harness.kafka import TEST_CONSUMER_SETTINGS, create_topic, produce
 from pipeline_helpers import assert_committed_at_log_end, dlq_rows, read_summary, wait_assigned, wait_until
 
@@ -29,7 +30,6 @@ pytestmark = pytest.mark.timeout(420)
 PIPELINE = "mirror"
 #: source tables: plain names, one with a dot (becomes ``_``), one needing quotes
 TABLES = ["customers", "orders", "items.v2", 'Order "Lines"', "payments", "shipments"]
-KEY = (Field("id", "int64", optional=False),)
 
 
 def _config(tmp_path: Path, bootstrap: str, pg_dsn: str, group_id: str, topics: list[str], *, deletes: str = "hard",
@@ -168,46 +168,6 @@ def test_tables_are_created_from_the_schemas_and_mirror_their_sources_through_a_
 
 
 # --------------------------------------------------------------------------- evolution
-
-V1 = (Field("id", "int64", optional=False), Field("label", "string"), Field("qty", "int32"))
-V2 = (*V1, Field("note", "string"))  # a field appears
-V3 = (Field("id", "int64", optional=False), Field("label", "string"), Field("note", "string"))  # qty is gone
-V4 = (Field("id", "int64", optional=False), Field("label", "string"), Field("qty", "string"),
-      Field("note", "string"))  # qty comes back as text: integer cannot hold it
-
-
-class Evolving:
-    """A source table whose schema changes: events and the model of the table as the sink holds it."""
-
-    def __init__(self, table: str) -> None:
-        self.table = table
-        self.rows: dict[int, dict[str, Any]] = {}
-        self.lsn = 1000
-
-    def upserts(self, fields: tuple[Field, ...], ids: range, make: Any) -> list[tuple[bytes, bytes, int, None]]:
-        out = []
-        for i in ids:
-            self.lsn += 1
-            after = {"id": i, **make(i)}
-            op = "u" if i in self.rows else "c"
-            out.append((encode_key({"id": i}, fields=KEY, schemas=True, table=self.table),
-                        encode_event(op, None, after, fields=fields, lsn=self.lsn, ts_ms=self.lsn, schemas=True,
-                                     table=self.table), 0, None))
-            names = {f.name for f in fields}
-            self.rows[i] = {k: v for k, v in after.items() if k in names}  # what the schema carries
-        return out
-
-    def deletes(self, fields: tuple[Field, ...], ids: list[int]) -> list[tuple[bytes, bytes | None, int, None]]:
-        out: list[tuple[bytes, bytes | None, int, None]] = []
-        for i in ids:
-            self.lsn += 1
-            key = encode_key({"id": i}, fields=KEY, schemas=True, table=self.table)
-            out.append((key, encode_event("d", {"id": i}, None, fields=fields, lsn=self.lsn, ts_ms=self.lsn,
-                                          schemas=True, table=self.table), 0, None))
-            out.append((key, None, 0, None))
-            del self.rows[i]
-        return out
-
 
 @pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
 def test_columns_are_added_kept_and_an_incompatible_change_is_quarantined_then_replayed(

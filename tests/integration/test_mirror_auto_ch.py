@@ -20,6 +20,7 @@ import pytest
 from harness import run_ingest, start_ingest, write_config
 from harness.cdc_source import SourceTable, produce_stream
 from harness.clickhouse import http_client, needs_shim, sink_conn
+from harness.evolving import V1, V2, V3, V4, Evolving
 from harness.debezium import Field, encode_event, encode_key
 from harness.kafka import TEST_CONSUMER_SETTINGS, committed_offsets, create_topic, produce
 from pipeline_helpers import assert_committed_at_log_end, dlq_rows, wait_assigned, wait_until
@@ -36,13 +37,6 @@ PIPELINE = "mirror"
 DB = "mirror"
 TABLES = ["customers", "orders", "items.v2", 'Order "Lines"', "payments", "shipments"]
 KEY = (Field("id", "int64", optional=False),)
-V1 = (Field("id", "int64", optional=False), Field("label", "string"), Field("qty", "int32"))
-V2 = (*V1, Field("note", "string"))  # a field appears
-V3 = (Field("id", "int64", optional=False), Field("label", "string"), Field("note", "string"))  # qty is gone
-V4 = (Field("id", "int64", optional=False), Field("label", "string"), Field("qty", "string"),
-      Field("note", "string"))  # qty comes back as text: an Int32 column cannot hold it
-
-
 def _settings(url: str, *, deletes: bool = True, dsn: str = "postgresql://x@127.0.0.1/x", **sink: Any) -> PipelineSettings:
     return PipelineSettings.model_validate({
         "name": PIPELINE, "topics": ["^db\\.public\\..*"], "envelope": "debezium",
@@ -50,38 +44,6 @@ def _settings(url: str, *, deletes: bool = True, dsn: str = "postgresql://x@127.
         "sink": {"kind": "clickhouse", "url": url, "table": "{source.table}", "columns": "auto",
                  **{"database": DB, **sink}},
         "dlq": {"kind": "postgres", "dsn": dsn}})
-
-
-class Evolving:
-    """A source table whose schema changes: its change events, and its rows as the sink must hold them."""
-
-    def __init__(self, table: str) -> None:
-        self.table = table
-        self.rows: dict[int, dict[str, Any]] = {}
-        self.lsn = 1000
-
-    def upserts(self, fields: tuple[Field, ...], ids: range, make: Any) -> list[tuple[bytes, bytes, int, None]]:
-        out = []
-        for i in ids:
-            self.lsn += 1
-            after = {"id": i, **make(i)}
-            out.append((encode_key({"id": i}, fields=KEY, schemas=True, table=self.table),
-                        encode_event("u" if i in self.rows else "c", None, after, fields=fields, lsn=self.lsn,
-                                     ts_ms=self.lsn, schemas=True, table=self.table), 0, None))
-            names = {f.name for f in fields}
-            self.rows[i] = {k: v for k, v in after.items() if k in names}
-        return out
-
-    def deletes(self, fields: tuple[Field, ...], ids: list[int]) -> list[tuple[bytes, bytes | None, int, None]]:
-        out: list[tuple[bytes, bytes | None, int, None]] = []
-        for i in ids:
-            self.lsn += 1
-            key = encode_key({"id": i}, fields=KEY, schemas=True, table=self.table)
-            out.append((key, encode_event("d", {"id": i}, None, fields=fields, lsn=self.lsn, ts_ms=self.lsn,
-                                          schemas=True, table=self.table), 0, None))
-            out.append((key, None, 0, None))
-            del self.rows[i]
-        return out
 
 
 class Feed:
