@@ -80,7 +80,7 @@ def _auto_mapper(settings: PipelineSettings, decoder: Decoder | None, key_decode
 
     soft = settings.deletes.soft_column if settings.has_deletes and settings.deletes.mode == "soft" else None
     auto_version = getattr(settings.sink, "version", None)  # PostgreSQL only
-    reserved = _reserved_columns(dialect, soft, getattr(auto_version, "column", None))
+    reserved = _reserved_columns(dialect, getattr(auto_version, "column", None))
     version = None
     if auto_version is not None:  # one column's mapper: "@source.PATH" reads the block map() passes
         source = auto_version.source
@@ -89,15 +89,18 @@ def _auto_mapper(settings: PipelineSettings, decoder: Decoder | None, key_decode
                          None, dialect=dialect)
     return AutoMapper(dialect=dialect, envelope=settings.envelope, fmt=settings.format, decoder=decoder,
                       key_decoder=key_decoder, coercer=coercer, tombstones=settings.effective_tombstones,
-                      truncate=settings.truncate, reserved_columns=reserved, version=version, router=router,
-                      overrides=list(getattr(settings.sink, "tables", {}).items()))
+                      truncate=settings.truncate, reserved_columns=reserved, soft_column=soft, version=version,
+                      router=router, overrides=list(getattr(settings.sink, "tables", {}).items()),
+                      sourced_mapper=lambda specs: Mapper(
+                          {name: ColumnSpec(type=type_text, source=source) for name, (type_text, source) in specs.items()},
+                          None, dialect=dialect, key_decoder=key_decoder))
 
 
-def _reserved_columns(dialect: str, soft: str | None, version: str | None) -> tuple[str, ...]:
-    """Field names a ``columns: auto`` table cannot take as columns: the soft-delete column, the sink's
-    ``version`` column and, in ClickHouse, the hidden version column (``_version``: a field of that name
-    would version the table)."""
-    names = tuple(name for name in (soft, version) if name)
+def _reserved_columns(dialect: str, version: str | None) -> tuple[str, ...]:
+    """Field names a ``columns: auto`` table cannot take as columns (besides its soft-delete column): the
+    sink's ``version`` column and, in ClickHouse, the hidden version column (``_version``: a field of that
+    name would version the table)."""
+    names = (version,) if version else ()
     if dialect == "clickhouse":
         from ingest.sinks.clickhouse.settings import CH_DEFAULT_VERSION_COLUMN
 

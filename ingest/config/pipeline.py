@@ -295,7 +295,9 @@ class PipelineSettings(Frozen):
         rule = self.sink.collapse_rule()
         if self.routes_tables and rule.key_index is not None:
             rule = dataclasses.replace(rule, key_index=(*rule.key_index, len(self.sink.columns)))
-        if self.has_deletes and self.deletes.mode == "soft":
+        if self.has_deletes and (self.deletes.mode == "soft" or any(
+                getattr(o, "deletes", None) is not None and o.deletes.mode == "soft"
+                for o in getattr(self.sink, "tables", {}).values())):
             return dataclasses.replace(rule, merge_deletes=True)
         return rule
 
@@ -358,6 +360,10 @@ class PipelineSettings(Frozen):
         if self.key is not None:
             raise ValueError("key: sink.columns: auto orders each table's records by their record key; "
                              "remove the setting")
+        for pattern, override in getattr(self.sink, "tables", {}).items():
+            if getattr(override, "deletes", None) is not None and not self.has_deletes:
+                raise ValueError(f"sink.tables.{pattern}.deletes: this pipeline's records never delete (set "
+                                 "envelope debezium or tombstones delete)")
 
     @model_validator(mode="after")
     def _transform_labels(self) -> PipelineSettings:

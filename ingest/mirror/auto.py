@@ -39,8 +39,11 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import date, datetime, timezone
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -51,10 +54,12 @@ from ingest.core.routing import stream_id
 from ingest.errors import IngestError, InvalidRecord, NoChange
 from ingest.formats import wire
 from ingest.mirror.errors import SchemaIncompatible
-from ingest.mirror.shape import Shape, shape_from_avro, shape_from_connect, shape_from_json_schema, shape_from_protobuf
+from ingest.mirror.names import check_column
+from ingest.mirror.shape import Column, Shape, shape_from_avro, shape_from_connect, shape_from_json_schema, shape_from_protobuf
 from ingest.types import DeleteRow, Record
 
-__all__ = ["AutoMapper", "CARRIER_KEY", "RowShape", "ShapedValues", "carrier_columns", "carrier_values"]
+__all__ = ["AutoMapper", "CARRIER_KEY", "RowShape", "ShapedValues", "TableRules", "carrier_columns", "carrier_values",
+           "override_for"]
 
 #: The carrier columns (see the module docstring); the sink adds its hidden source columns after them.
 CARRIER_KEY, CARRIER_SHAPE, CARRIER_VALUES = "_ingest_key", "_ingest_shape", "_ingest_values"
@@ -63,6 +68,10 @@ CARRIER_VERSION = "_ingest_version"
 KEY_AT, SHAPE_AT, VALUES_AT, STREAM_AT, OFFSET_AT, VERSION_AT = 0, 1, 2, 3, 4, 5
 #: The formats whose schemas it reads: Connect JSON with schema parts, and the registry's.
 FORMATS = ("json", "avro", "json_schema", "protobuf")
+#: The types a table's own version column may have (PostgreSQL and ClickHouse spellings): ordered values.
+_ORDERABLE = re.compile(r"(?i)^(smallint|integer|bigint|numeric|decimal|real|double precision|timestamptz|timestamp"
+                        r"|date|text|varchar|character varying|u?int\d+|float\d+|decimal\d*|datetime\d*|date\d*"
+                        r"|string|fixedstring)\b")
 #: Shapes remembered per mapper (schemas seen); cleared when full.
 SHAPE_CACHE_SIZE = 1024
 
@@ -82,26 +91,39 @@ def carrier_columns() -> dict[str, dict[str, str]]:
 
 class RowShape:
     """A schema's table shape and how its records become values: the columns' coercers, the key's
-    positions. Compared by identity: one object per distinct schema (the mapper's cache)."""
+    positions. Compared by identity: one object per distinct schema (the mapper's cache).
 
-    __slots__ = ("shape", "names", "_plan", "key_positions")
+    ``given``: the columns whose values a ``tables:`` entry sources (:class:`TableRules`), in the order
+    of the values :meth:`values` is handed (already coerced); ``version``: the table's own version
+    column (a ``tables:`` entry's ``version_column``), or None."""
 
-    def __init__(self, shape: Shape, coercer: Callable[[str, bool], Any]) -> None:
+    __slots__ = ("shape", "names", "_plan", "key_positions", "version_position")
+
+    def __init__(self, shape: Shape, coercer: Callable[[str, bool], Any], given: Sequence[str] = (),
+                 version: str | None = None) -> None:
         """``coercer(type, nullable) -> (coerce, required)``: the mapper's coercer of a column type."""
         self.shape = shape
         self.names = shape.names
-        self._plan = tuple((c.name, c.from_key, *coercer(c.type, c.nullable)) for c in shape.columns)
+        self._plan = tuple((c.name, c.from_key, *coercer(c.type, c.nullable),
+                            given.index(c.name) if c.name in given else -1) for c in shape.columns)
         self.key_positions = tuple(self.names.index(k) for k in shape.key)
+        self.version_position = self.names.index(version) if version is not None else None
 
-    def values(self, image: Any, key_doc: Any) -> tuple[Any, ...]:
+    def values(self, image: Any, key_doc: Any, given: tuple[Any, ...] = ()) -> tuple[Any, ...]:
         """The values of ``image`` (a row image, a dict) in column order; key columns the value lacks from
-        ``key_doc``. Raises InvalidRecord naming the column."""
+        ``key_doc``; sourced columns from ``given``. Raises InvalidRecord naming the column."""
         if type(image) is not dict:
             raise InvalidRecord("map", "not_an_object", f"the row image is not a record: {str(image)[:80]}")
         out = []
         name = ""
         try:
-            for name, from_key, coerce, required in self._plan:
+            for name, from_key, coerce, required, given_at in self._plan:
+                if given_at >= 0:
+                    raw = given[given_at]
+                    if raw is None and required:
+                        raise _Bad("missing_field", "required value is missing or null")
+                    out.append(raw)
+                    continue
                 raw = (key_doc.get(name) if type(key_doc) is dict else None) if from_key else image.get(name)
                 if raw is None:
                     if required:
@@ -115,22 +137,90 @@ class RowShape:
             raise InvalidRecord("map", "invalid_value", f"column {name!r}: {type(exc).__name__}: {exc}"[:300]) from None
         return tuple(out)
 
-    def key_values(self, image: Any, key_doc: Any) -> tuple[Any, ...]:
+    def key_values(self, image: Any, key_doc: Any, given: tuple[Any, ...] = ()) -> tuple[Any, ...]:
         """The key columns' values of a delete's image (or of the record key), in key order."""
-        values = []
-        for position in self.key_positions:
-            name, from_key, coerce, _required = self._plan[position]
-            source = key_doc if from_key or type(image) is not dict else image
-            raw = source.get(name) if type(source) is dict else None
-            if raw is None and type(key_doc) is dict:
-                raw = key_doc.get(name)
+        return tuple(self.value_at(position, image, key_doc, given, "a delete without key column")
+                     for position in self.key_positions)
+
+    def value_at(self, position: int, image: Any, key_doc: Any, given: tuple[Any, ...], lacking: str) -> Any:
+        """One column's value of a delete's image (or of the record key, or ``given``); raises
+        InvalidRecord (``missing_field``: ``lacking`` and the column's name) when there is none."""
+        name, from_key, coerce, _required, given_at = self._plan[position]
+        if given_at >= 0:
+            raw = given[given_at] if given_at < len(given) else None
             if raw is None:
-                raise InvalidRecord("map", "missing_field", f"a delete without key column {name!r}")
-            try:
-                values.append(coerce(raw))
-            except _Bad as exc:
-                raise InvalidRecord("map", exc.error_class, f"column {name!r}: {exc.detail}") from None
-        return tuple(values)
+                raise InvalidRecord("map", "missing_field", f"{lacking} {name!r}")
+            return raw
+        source = key_doc if from_key or type(image) is not dict else image
+        raw = source.get(name) if type(source) is dict else None
+        if raw is None and type(key_doc) is dict:
+            raw = key_doc.get(name)
+        if raw is None:
+            raise InvalidRecord("map", "missing_field", f"{lacking} {name!r}")
+        try:
+            return coerce(raw)
+        except _Bad as exc:
+            raise InvalidRecord("map", exc.error_class, f"column {name!r}: {exc.detail}") from None
+        except Exception as exc:  # noqa: BLE001
+            raise InvalidRecord("map", "invalid_value", f"column {name!r}: {type(exc).__name__}: {exc}"[:300]) from None
+
+
+class TableRules:
+    """A ``tables:`` entry as the mapper applies it (:func:`override_for` finds it for a table): the
+    sourced columns' mapper, the table's own version column, the soft-delete column its fields may not
+    take."""
+
+    __slots__ = ("pattern", "override", "sourced", "_mapper", "_reads_source", "version", "soft_column")
+
+    def __init__(self, pattern: str, override: Any, soft_column: str | None,
+                 sourced_mapper: Callable[[dict[str, tuple[str, str]]], Any]) -> None:
+        """``soft_column``: the pipeline's (None: hard deletes or none); ``sourced_mapper({column:
+        (type, source)})``: a row mapper of those columns (``$`` paths read the document it is handed)."""
+        self.pattern = pattern
+        self.override = override
+        columns = getattr(override, "columns", {}) or {}
+        self.sourced = tuple(name for name, c in columns.items() if getattr(c, "source", None))
+        specs = {name: (columns[name].type, _doc_source(columns[name].source)) for name in self.sourced}
+        self._mapper = sourced_mapper(specs) if specs else None
+        self._reads_source = any(c.source.startswith("@source.") for n, c in columns.items() if n in self.sourced)
+        self.version = getattr(override, "version_column", None)
+        deletes = getattr(override, "deletes", None)
+        self.soft_column = soft_column if deletes is None else (deletes.soft_column if deletes.mode == "soft" else None)
+
+    def given(self, record: Record, image: Any, source: Any) -> tuple[Any, ...]:
+        """The sourced columns' values of ``record`` (its row image ``image``, a change's source block
+        ``source``), coerced; raises InvalidRecord naming the column."""
+        if self._mapper is None:
+            return ()
+        doc = {**image, "@source": source} if self._reads_source and type(image) is dict else image
+        return self._mapper.map_document(record, doc if doc is not None else {})[0]
+
+
+def version_key(value: Any) -> tuple[int, Any]:
+    """A table's own version value as the carrier holds it: ``(rank, value)``, so that values of one
+    column that two schemas typed differently (a number, a timestamp) still compare -- collapse sorts
+    them before the sink sees that the schemas disagree -- and naive timestamps compare as UTC. The
+    sink writes ``value`` (the second item)."""
+    if isinstance(value, datetime):
+        return 1, value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+    if isinstance(value, date):
+        return 2, value
+    if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
+        return 0, value
+    return 3, value  # text (_ORDERABLE admits no other type)
+
+
+def override_for(table: str, overrides: Sequence[tuple[str, Any]]) -> tuple[str, Any] | None:
+    """The ``tables:`` entry of ``table`` among ``(name or glob, entry)``: the one named exactly as the
+    table, else the first glob (in the order written) that matches it; None when none does."""
+    return next(((p, o) for p, o in overrides if p == table), None) or \
+        next(((p, o) for p, o in overrides if fnmatch.fnmatchcase(table, p)), None)
+
+
+def _doc_source(source: str) -> str:
+    """A sourced column's source as the row mapper reads it from :meth:`TableRules.given`'s document:
+    ``@source.PATH`` becomes the document's ``@source`` entry; ``$`` paths and metadata stay."""
+    return "$." + source if source.startswith("@source.") else source
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -146,15 +236,19 @@ class AutoMapper:
 
     def __init__(self, *, dialect: str, envelope: str, fmt: str, decoder: Any, key_decoder: Any,
                  coercer: Callable[[str, bool], Any], tombstones: str, truncate: str,
-                 reserved_columns: tuple[str, ...] = (), version: Any = None, router: Any = None,
-                 overrides: Sequence[tuple[str, Any]] = ()) -> None:
+                 reserved_columns: tuple[str, ...] = (), soft_column: str | None = None, version: Any = None,
+                 router: Any = None, overrides: Sequence[tuple[str, Any]] = (),
+                 sourced_mapper: Callable[[dict[str, tuple[str, str]]], Any] | None = None) -> None:
         """``fmt``: ``json`` (Kafka Connect schema parts) or ``avro`` (the registry's writer schemas);
         ``decoder`` / ``key_decoder``: the pipeline's value and key decoders (None: JSON);
-        ``tombstones`` / ``truncate``: the pipeline's settings of those names; ``version``: a
-        ``map_document(record, {"@source": source block}) -> ((version,), _)`` mapper of the sink's
-        ``version:``, or None. ``router``: the pipeline's :class:`~ingest.mirror.router.TableRouter` (the
-        table is appended to each carrier); ``overrides``: ``(name or glob, TableOverride)`` of the
-        sink's ``tables:``, the first that matches a table applies to it."""
+        ``tombstones`` / ``truncate``: the pipeline's settings of those names; ``reserved_columns``: names
+        no field may take (besides ``soft_column``, the pipeline's soft-delete column, which a table's
+        entry may change); ``version``: a ``map_document(record, {"@source": source block}) -> ((version,),
+        _)`` mapper of the sink's ``version:``, or None. ``router``: the pipeline's
+        :class:`~ingest.mirror.router.TableRouter` (the table is appended to each carrier); ``overrides``:
+        ``(name or glob, TableOverride)`` of the sink's ``tables:`` (:func:`override_for`), whose sourced
+        columns ``sourced_mapper`` maps (see :class:`TableRules`). The carriers have a version when
+        ``version`` is given or an entry names a ``version_column``: a table without one gets 0 there."""
         if fmt not in FORMATS:
             raise ValueError(f"columns: auto reads schemas of formats {', '.join(FORMATS)}, not {fmt!r}")
         self._dialect = dialect
@@ -167,17 +261,22 @@ class AutoMapper:
         self._tombstones = tombstones
         self._truncate = truncate
         self._reserved = reserved_columns
+        self._soft = soft_column
         self._shapes: dict[Any, RowShape] = {}
         self._version = version
         #: Connect JSON change events: each distinct schema part parsed once (ingest.cdc.debezium)
         self._parts = SchemaParts(orjson.loads) if fmt == "json" and self._debezium and decoder is None else None
         self.router = router
         self._overrides = tuple(overrides)
-        self._override_of: dict[str, tuple[str, Any] | None] = {}
+        self._sourced_mapper = sourced_mapper
+        self._rules: dict[str, TableRules] = {}  # by pattern
+        self._rules_of: dict[str, TableRules | None] = {}  # by table
+        #: the carriers' version slot: the sink's version:, or a table's own version_column (others: 0)
+        self._versioned = version is not None or any(getattr(o, "version_column", None) for _, o in self._overrides)
         self.column_names = [CARRIER_KEY, CARRIER_SHAPE, CARRIER_VALUES, "_ingest_stream", "_ingest_offset",
-                             *([CARRIER_VERSION] if version is not None else []),
+                             *([CARRIER_VERSION] if self._versioned else []),
                              *(["_ingest_table"] if router is not None else [])]
-        self.column_types = ["text", "text", "text", "bigint", "bigint", *(["bigint"] if version is not None else []),
+        self.column_types = ["text", "text", "text", "bigint", "bigint", *(["bigint"] if self._versioned else []),
                              *(["text"] if router is not None else [])]
 
     #: the mapper interface the runner reads (no fast or typed tiers here)
@@ -239,28 +338,45 @@ class AutoMapper:
                                 "it is dead-lettered (truncate: dlq)")
         table = self.router.table(record, change.source if change is not None else None) \
             if self.router is not None else None
-        override = self._override(table) if self._overrides and table is not None else None
-        if override is not None:
-            cache_key = (*cache_key, override[0])
+        rules = self._rules_for(table) if self._overrides and table is not None else None
+        if rules is not None:
+            cache_key = (*cache_key, rules.pattern)
         shape = self._shapes.get(cache_key)
         if shape is None:
             if schema is None:  # the fast path's schema part, with a key or override not seen with it yet
                 schema = orjson.loads(record.value)["schema"]  # type: ignore[arg-type]
-            shape = self._shape(cache_key, schema, key_token, override[1] if override is not None else None)
+            shape = self._shape(cache_key, schema, key_token, rules)
         position = record.source_position
         stream, offset = stream_id(position[0], position[1]), position[2]
+        source = change.source if change is not None else None
+        deletes = change is not None and change.op == "d"
+        row_image = (change.before if deletes else change.after) if change is not None else image
+        if deletes and not shape.key_positions:
+            raise NoChange("a delete in a table without a key: nothing to delete by")
+        given = rules.given(record, row_image, source) if rules is not None and rules.sourced else ()
+        if deletes:
+            values = None
+            key = shape.key_values(row_image, key_doc, given)
+        else:
+            values = shape.values(row_image, key_doc, given)
+            key = self._key_of(shape, values, stream, offset)
         tail: tuple[Any, ...] = (stream, offset)
-        if self._version is not None:
-            tail += self._version.map_document(record, {"@source": change.source} if change is not None else {})[0]
+        if shape.version_position is not None:  # the table's own version column
+            version = values[shape.version_position] if values is not None else \
+                shape.value_at(shape.version_position, row_image, key_doc, given, "a delete without version column")
+            if version is None:
+                raise InvalidRecord("map", "missing_field", f"version column {shape.names[shape.version_position]!r}: "
+                                    "required value is missing or null")
+            tail += (version_key(version),)
+        elif self._version is not None:
+            tail += self._version.map_document(record, {"@source": source} if source is not None else {})[0]
+        elif self._versioned:
+            tail += (0,)  # a table without a version among tables with one: the last record wins
         if table is not None:
             tail += (table,)
-        if change is None or change.op != "d":
-            values = shape.values(image if change is None else change.after, key_doc)
-            return (self._key_of(shape, values, stream, offset), shape, ShapedValues(shape, values), *tail), record.key
-        if not shape.key_positions:
-            raise NoChange("a delete in a table without a key: nothing to delete by")
-        key = shape.key_values(change.before, key_doc)
-        return DeleteRow((key, shape, None, *tail)), record.key
+        if values is None:
+            return DeleteRow((key, shape, None, *tail)), record.key
+        return (key, shape, ShapedValues(shape, values), *tail), record.key
 
     def table_shape(self, table: str, value_ref: Any, key_ref: Any = None) -> Shape:
         """The shape ``table`` gets from the registry schema ``value_ref`` (its latest version, say) keyed
@@ -271,18 +387,26 @@ class AutoMapper:
             raise ValueError("Kafka Connect JSON carries its schema in each record")
         value = (value_ref, (0,) if self._fmt == "protobuf" else ())
         key = ("registry", (key_ref, (0,) if self._key_protobuf else ())) if key_ref is not None else None
-        override = self._override(table) if self._overrides else None
-        return self._shape(("plan", value, key, override[0] if override else None), value, key,
-                           override[1] if override is not None else None).shape
+        rules = self._rules_for(table) if self._overrides else None
+        return self._shape(("plan", value, key, rules.pattern if rules else None), value, key, rules).shape
 
-    def _override(self, table: str) -> tuple[str, Any] | None:
-        """The ``tables:`` entry of ``table``: its exact name, else the first glob that matches."""
-        if table in self._override_of:
-            return self._override_of[table]
-        found = next(((p, o) for p, o in self._overrides if p == table), None) or \
-            next(((p, o) for p, o in self._overrides if fnmatch.fnmatchcase(table, p)), None)
-        self._override_of[table] = found
-        return found
+    def _rules_for(self, table: str) -> TableRules | None:
+        """The ``tables:`` entry of ``table`` as :class:`TableRules` (None: the table has none)."""
+        if table in self._rules_of:
+            return self._rules_of[table]
+        found = override_for(table, self._overrides)
+        rules = None
+        if found is not None:
+            rules = self._rules.get(found[0])
+            if rules is None:
+                rules = self._rules[found[0]] = TableRules(found[0], found[1], self._soft, self._make_sourced)
+        self._rules_of[table] = rules
+        return rules
+
+    def _make_sourced(self, specs: dict[str, tuple[str, str]]) -> Any:
+        if self._sourced_mapper is None:
+            raise ValueError("tables: sourced columns need the pipeline's mapper of them")
+        return self._sourced_mapper(specs)
 
     @staticmethod
     def _key_of(shape: RowShape, values: tuple[Any, ...], stream: int, offset: int) -> tuple[Any, ...]:
@@ -333,13 +457,14 @@ class AutoMapper:
             return doc, ("names", tuple(sorted(doc)))
         return None, None
 
-    def _shape(self, cache_key: Any, schema: Any, key_token: Any, override: Any = None) -> RowShape:
+    def _shape(self, cache_key: Any, schema: Any, key_token: Any, rules: TableRules | None = None) -> RowShape:
+        soft = rules.soft_column if rules is not None else self._soft
         try:
-            shape = self._read_shape(schema, key_token)
+            shape = self._read_shape(schema, key_token, (*self._reserved, *([soft] if soft else [])))
             if key_token is not None and key_token[0] == "names":
                 shape = _keyed_by(shape, key_token[1])
-            if override is not None:
-                shape = _overridden(shape, override)
+            if rules is not None:
+                shape = _overridden(shape, rules)
         except SchemaIncompatible:
             raise
         except Exception as exc:  # noqa: BLE001 - a malformed schema is the record's fault
@@ -347,13 +472,14 @@ class AutoMapper:
                                      f"its schema cannot be read: {type(exc).__name__}: {exc}"[:300]) from None
         if len(self._shapes) >= SHAPE_CACHE_SIZE:
             self._shapes.clear()
-        row_shape = self._shapes[cache_key] = RowShape(shape, self._coercer)
+        row_shape = self._shapes[cache_key] = RowShape(shape, self._coercer, rules.sourced if rules else (),
+                                                       rules.version if rules and shape.key else None)
         return row_shape
 
-    def _read_shape(self, schema: Any, key_token: Any) -> Shape:
+    def _read_shape(self, schema: Any, key_token: Any, reserved: tuple[str, ...]) -> Shape:
         """The shape of the value schema ``schema`` (a Connect schema part, or the registry ref of the
-        value) keyed by the key schema ``key_token`` names."""
-        dialect, reserved, envelope = self._dialect, self._reserved, self._debezium
+        value) keyed by the key schema ``key_token`` names; no field may be named as one of ``reserved``."""
+        dialect, envelope = self._dialect, self._debezium
         registry_key = key_token[1] if key_token is not None and key_token[0] == "registry" else None
         if self._fmt == "json":
             connect_key = key_token[1] if key_token is not None and key_token[0] == "connect" else None
@@ -407,17 +533,28 @@ def _keyed_by(shape: Shape, names: tuple[str, ...]) -> Shape:
     return Shape(shape.dialect, columns, names)
 
 
-def _overridden(shape: Shape, override: Any) -> Shape:
-    """``shape`` as a ``tables:`` entry says: column types replaced, the key replaced (``conflict_key``)
-    or removed (``on_conflict: none``: append-only). Raises SchemaIncompatible for a key column the
-    schema does not have."""
-    columns = tuple(dataclasses.replace(c, type=override.columns[c.name].type) if c.name in override.columns
-                    else c for c in shape.columns)
-    shape = Shape(shape.dialect, columns, shape.key)
+def _overridden(shape: Shape, rules: TableRules) -> Shape:
+    """``shape`` as a ``tables:`` entry says: column types replaced, sourced columns the schema lacks
+    added (nullable), the key replaced (``conflict_key``) or removed (``on_conflict: none``: append-only).
+    Raises SchemaIncompatible for a key or version column the table would not have."""
+    override = rules.override
+    columns = [dataclasses.replace(c, type=override.columns[c.name].type) if c.name in override.columns
+               else c for c in shape.columns]
+    have = {c.name for c in columns}
+    columns += [Column(check_column(name, shape.dialect), override.columns[name].type, True)
+                for name in rules.sourced if name not in have]
+    shape = Shape(shape.dialect, tuple(columns), shape.key)
     if override.on_conflict == "none":
         return Shape(shape.dialect, shape.columns, ())
     if override.conflict_key:
-        return _keyed_by(Shape(shape.dialect, shape.columns, ()), tuple(override.conflict_key))
+        shape = _keyed_by(Shape(shape.dialect, shape.columns, ()), tuple(override.conflict_key))
+    version = shape.column(rules.version) if rules.version is not None and shape.key else None
+    if rules.version is not None and shape.key and version is None:
+        raise SchemaIncompatible("version_unknown", f"the version column {rules.version!r} is neither a field of "
+                                 "the schema nor a sourced column")
+    if version is not None and not _ORDERABLE.match(version.type):
+        raise SchemaIncompatible("version_type", f"the version column {rules.version!r} is {version.type}: a "
+                                 "version is a number, a timestamp, a date or text")
     return shape
 
 

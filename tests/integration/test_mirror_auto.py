@@ -398,6 +398,67 @@ def test_per_table_overrides_change_a_type_the_key_or_make_a_table_append_only(
     assert sink_rows(pg_dsn, "plain", "id, qty") == {i: (r["qty"],) for i, r in sources["plain"].rows.items()}
 
 
+@pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
+def test_per_table_overrides_source_columns_version_a_table_and_soft_delete_another(
+        kafka_bootstrap, pg_dsn, group_id, tmp_path: Path, delivery: str) -> None:
+    """``tables:`` entries beside the sink's defaults (hard deletes, no version): ``vt`` versioned by its
+    own ``qty`` (older updates and an older delete change nothing), ``st`` soft-deleting into ``gone``,
+    ``src`` with columns sourced from the source block, the row image and the record's partition."""
+    from harness.debezium import encode_key
+    from harness.evolving import KEY
+
+    prefix = f"tov{random.randrange(10**6)}"
+    topics = {name: f"{prefix}.public.{name}" for name in ("vt", "st", "src", "hd")}
+    for topic in topics.values():
+        create_topic(kafka_bootstrap, topic, 1)
+    config = _config(tmp_path, kafka_bootstrap, pg_dsn, group_id, [f"^{prefix}\\.public\\..*"], delivery=delivery,
+                     tables={"vt": {"version_column": "qty"},
+                             "st": {"deletes": {"mode": "soft", "soft_column": "gone"}},
+                             "src": {"columns": {"lsn": {"type": "bigint", "source": "@source.lsn"},
+                                                 "tag": {"type": "text", "source": "$.label"},
+                                                 "part": {"type": "integer", "source": "@partition"}}}})
+    lsn = iter(range(5000, 6000))
+
+    def vt_event(op: str, i: int, qty: int, label: str) -> tuple[bytes, bytes, int, None]:
+        image = {"id": i, "label": label, "qty": qty}
+        return (encode_key({"id": i}, fields=KEY, schemas=True, table="vt"),
+                encode_event(op, image if op == "d" else None, None if op == "d" else image, fields=V1,
+                             lsn=next(lsn), ts_ms=1, schemas=True, table="vt"), 0, None)
+
+    def run() -> None:
+        res = run_ingest(["run", "--config", config, "--until-idle", "2", "--metrics-port", "0"], timeout_s=120,
+                         log_dir=tmp_path)
+        assert res.returncode == 0, res.stderr[-3000:]
+
+    produce(kafka_bootstrap, topics["vt"], [vt_event("c", i, i * 10, f"a{i}") for i in range(20)])
+    st, src, hd = Evolving("st"), Evolving("src"), Evolving("hd")
+    for name, source in (("st", st), ("src", src), ("hd", hd)):
+        produce(kafka_bootstrap, topics[name], source.upserts(V1, range(10), lambda i: {"label": f"s{i}", "qty": i}))
+    lsn_of = {i: 1001 + i for i in range(10)}  # Evolving numbers its events' LSNs from 1001
+    run()
+    # later batches: only the table's version guard stands between these and the rows
+    vt_events = [vt_event("u", i, i * 10 - 5, "stale") for i in range(10)]  # older versions: ignored
+    vt_events += [vt_event("u", i, i * 10 + 5, f"new{i}") for i in range(5)]
+    vt_events += [vt_event("d", i, i * 10, "gone") for i in range(15, 20)]  # as new as the row: applied
+    vt_events += [vt_event("d", 17, 1, "old"), vt_event("c", 17, 2, "back")]  # older than the delete: ignored
+    produce(kafka_bootstrap, topics["vt"], vt_events)
+    for name, source in (("st", st), ("hd", hd)):
+        produce(kafka_bootstrap, topics[name], source.deletes(V1, [0, 1, 2]))
+    run()
+    assert dlq_rows(pg_dsn) == []
+    expected_vt = {i: (f"a{i}", i * 10) for i in range(5, 15)} | {i: (f"new{i}", i * 10 + 5) for i in range(5)}
+    assert sink_rows(pg_dsn, "vt", "id, label, qty") == expected_vt
+    assert primary_key(pg_dsn, "vt") == ["id"] and "lsn" not in table_columns(pg_dsn, "vt")
+    assert sink_rows(pg_dsn, "st", "id, label, gone IS NOT NULL") == {i: (f"s{i}", i < 3) for i in range(10)}
+    assert "deleted_at" not in table_columns(pg_dsn, "st")
+    assert sink_rows(pg_dsn, "hd", "id, label") == {i: (f"s{i}",) for i in range(3, 10)}
+    assert sink_rows(pg_dsn, "src", "id, lsn, tag, part") == {i: (lsn_of[i], f"s{i}", 0) for i in range(10)}
+    assert {c: table_columns(pg_dsn, "src")[c] for c in ("lsn", "tag", "part")} == {
+        "lsn": ("bigint", False), "tag": ("text", False), "part": ("integer", False)}
+    for topic in topics.values():
+        assert_committed_at_log_end(kafka_bootstrap, group_id, topic)
+
+
 def test_migrate_dry_run_check_and_migrate_plan_tables_from_the_latest_registry_schemas(
         kafka_bootstrap, pg_dsn, group_id, schema_registry, tmp_path: Path) -> None:
     import json

@@ -140,7 +140,12 @@ def test_one_version_for_every_table_rides_last_and_collapse_keeps_the_highest()
     ({"tables": {"t": {"columns": {"x": {"type": "nonsense(("}}}}}, "tables"),
     ({"tables": {"t": {"conflict_key": ["id"], "on_conflict": "none"}}}, "append-only table has no key"),
     ({"tables": {"t": {"conflict_key": []}}}, "at least one column"),
-    ({"tables": {"t": {"version_column": "v"}}}, "version_column"),
+    ({"tables": {"t": {"version_column": "id", "conflict_key": ["id"]}}}, "version_column is a key column"),
+    ({"tables": {"t": {"version_column": "v", "on_conflict": "none"}}}, "no version guard"),
+    ({"tables": {"t": {"columns": {"x": {"source": "$.y"}}}}}, "type"),
+    ({"tables": {"t": {"columns": {"x": {"type": "text", "source": "y"}}}}}, "invalid source"),
+    ({"tables": {"t": {"deletes": {"mode": "soft", "tombstone_table": "x"}}}}, "own <table>_ingest_deleted"),
+    ({"tables": {"t": {"deletes": {"mode": "soft"}, "on_conflict": "none"}}}, "no key to delete by"),
 ])
 def test_table_overrides_it_cannot_take_say_why(sink: dict[str, Any], says: str) -> None:
     with pytest.raises(ValidationError) as err:
@@ -199,3 +204,84 @@ def test_plain_connect_json_values_are_converted_by_their_schema() -> None:
     value = json.dumps({"schema": schema, "payload": {"id": 5, "price": "AOE=", "day": 20000}}).encode()
     row, _ = mapper_for(p).map(Record("plain", 0, 0, key, value, 0))
     assert row[VALUES_AT].values == (5, __import__("decimal").Decimal("2.25"), datetime.date(2024, 10, 4))
+
+
+def test_sourced_columns_take_their_values_from_the_image_the_source_block_or_metadata() -> None:
+    m = mapper_for(settings(sink={"tables": {"items": {"columns": {
+        "lsn": {"type": "bigint", "source": "@source.lsn"}, "tag": {"type": "text", "source": "$.name"},
+        "part": {"type": "integer", "source": "@partition"}, "name": {"type": "varchar(10)"}}}}}))
+    row, _ = m.map(event("c", 7, name="n7", offset=42))
+    shape = row[SHAPE_AT].shape
+    assert shape.names == ("id", "name", "price", "lsn", "tag", "part")
+    assert [(c.type, c.nullable) for c in shape.columns[3:]] == [("bigint", True), ("text", True), ("integer", True)]
+    assert row[VALUES_AT].values[3:] == (42, "n7", 0)
+    other, _ = m.map(event("c", 7, table="other"))  # no entry: the schema's columns only
+    assert other[SHAPE_AT].shape.names == ("id", "name", "price")
+    bad = mapper_for(settings(sink={"tables": {"items": {"columns": {"n": {"type": "integer", "source": "$.name"}}}}}))
+    with pytest.raises(InvalidRecord) as err:  # a sourced value is coerced like a hand-written column's
+        bad.map(event("c", 1, name="abc"))
+    assert err.value.error_class == "invalid_value" and "'n'" in str(err.value)
+
+
+def test_a_sourced_key_column_keys_upserts_and_deletes() -> None:
+    m = mapper_for(settings(sink={"tables": {"items": {"conflict_key": ["k"], "columns": {
+        "k": {"type": "bigint", "source": "$.id"}}}}}))
+    row, _ = m.map(event("c", 7))
+    assert row[KEY_AT] == (7,) and row[SHAPE_AT].shape.key == ("k",)
+    assert row[SHAPE_AT].shape.column("k").nullable is False
+    deleted, _ = m.map(event("d", 7))  # the before image holds the id the key is sourced from
+    assert type(deleted) is DeleteRow and deleted[KEY_AT] == (7,)
+
+
+def test_a_tables_own_version_column_rides_in_the_version_slot_and_collapse_keeps_the_highest() -> None:
+    from decimal import Decimal
+
+    p = settings(sink={"tables": {"items": {"version_column": "price"}}})
+    assert p.sink.version_column == "_ingest_version"  # the carriers have a version slot
+    m = mapper_for(p)
+
+    def priced(i: int, price: str | None, offset: int, op: str = "u") -> Record:
+        before = {"id": i, "price": price} if op == "d" else None
+        after = None if op == "d" else {"id": i, "name": f"p{price}", "price": price}
+        value = encode_event(op, before, after, fields=FIELDS, lsn=offset, ts_ms=1, schemas=True, table="items")
+        return Record("db.public.items", 0, offset, encode_key({"id": i}, fields=KEY, schemas=True, table="items"),
+                      value, 0)
+
+    high, _ = m.map(priced(1, "9.00", 0))
+    low, _ = m.map(priced(1, "2.00", 1))
+    assert high[5] == (0, Decimal("9.00")) and low[5] == (0, Decimal("2.00"))
+    failed, groups = collapse([Item(None, r, None, 0, 1) for r in (high, low)], p.collapse_rule())  # type: ignore[arg-type]
+    assert failed == [] and groups[0][0].row is high
+    deleted, _ = m.map(priced(1, "9.50", 2, op="d"))  # a delete's version is its before image's
+    assert type(deleted) is DeleteRow and deleted[5] == (0, Decimal("9.50"))
+    other, _ = m.map(event("c", 1, table="other"))
+    assert other[5] == 0  # a table without a version: the last record wins
+    for record in (priced(1, None, 3), priced(1, None, 4, op="d")):
+        with pytest.raises(InvalidRecord) as err:
+            m.map(record)
+        assert err.value.error_class == "missing_field" and "'price'" in str(err.value)
+    for version, says in (("nope", "neither a field"), ("name", None)):
+        m = mapper_for(settings(sink={"tables": {"items": {"version_column": version}}}))
+        if says is None:  # text orders too
+            assert m.map(event("c", 1, name="b"))[0][5] == (3, "b")
+            continue
+        with pytest.raises(InvalidRecord) as err:
+            m.map(event("c", 1))
+        assert err.value.error_class == "schema_incompatible" and says in str(err.value)
+
+
+def test_a_tables_own_deletes_change_its_soft_column_and_merge_soft_deletes() -> None:
+    p = settings(deletes={"mode": "hard"}, sink={"tables": {"items": {"deletes": {"mode": "soft", "soft_column": "gone"}}}})
+    assert p.collapse_rule().merge_deletes  # one table soft-deletes
+    assert not settings(deletes={"mode": "hard"}).collapse_rule().merge_deletes
+    m = mapper_for(p)
+    gone = (*FIELDS, Field("gone", "string"))
+    with pytest.raises(InvalidRecord) as err:  # the table's soft column is no field's
+        m.map(event("c", 1, fields=gone))
+    assert err.value.error_class == "schema_incompatible" and "reserved" in str(err.value)
+    row, _ = m.map(event("c", 1, fields=gone, table="other"))  # another table may have a field of that name
+    assert "gone" in row[SHAPE_AT].shape.names
+    with pytest.raises(ValidationError) as verr:  # a pipeline whose records never delete
+        settings(envelope="none", format="json", sink={"table": "{topic}",
+                                                        "tables": {"t": {"deletes": {"mode": "soft"}}}})
+    assert "never delete" in str(verr.value)

@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from ingest.config.base import ColumnSpec, Frozen, SinkSettingsBase, check_identifier
+from ingest.config.overrides import ColumnOverrideBase, TableOverrideBase
 from ingest.core.collapse import CollapseRule
 from ingest.core.dialects import ChType, ch_type
 
@@ -31,11 +32,9 @@ CH_DEFAULT_VERSION_COLUMN = "_version"
 CH_URL_RE = re.compile(r"^(https?://[^\s/]+/?|chdb://memory(/[^\s/]*)?|chdb://[^\s]+)$")
 
 
-class ChColumnOverride(Frozen):
-    """A column's ClickHouse type in a ``tables:`` entry (instead of the type map's; without ``Nullable``:
-    the schema says whether the column may hold NULL)."""
-
-    type: str
+class ChColumnOverride(ColumnOverrideBase):
+    """A column of a ``tables:`` entry: its ClickHouse type instead of the type map's (without
+    ``Nullable``: the schema says whether the column may hold NULL), and optionally its source."""
 
     @field_validator("type")
     @classmethod
@@ -46,24 +45,11 @@ class ChColumnOverride(Frozen):
         return value
 
 
-class ChTableOverride(Frozen):
-    """A ``tables:`` entry of a ClickHouse ``columns: auto`` sink: what one table (or the tables a glob
-    matches) takes instead of what its records' schemas say."""
+class ChTableOverride(TableOverrideBase):
+    """A ``tables:`` entry of a ClickHouse ``columns: auto`` sink (see :mod:`ingest.config.overrides`)."""
 
-    #: the sorting key: these value columns instead of the record key's fields
-    conflict_key: list[str] | None = None
-    #: column → its type (a column the schema lacks is not added)
+    #: column → its type, and optionally its source (a column the schema lacks is added only with a source)
     columns: dict[str, ChColumnOverride] = Field(default_factory=dict)
-    #: ``none``: every record a row (``MergeTree ORDER BY tuple()``) even when the records have a key
-    on_conflict: Literal["update", "none"] | None = None
-
-    @model_validator(mode="after")
-    def _one_key(self) -> ChTableOverride:
-        if self.on_conflict == "none" and self.conflict_key:
-            raise ValueError("conflict_key and on_conflict none: an append-only table has no key")
-        if self.conflict_key is not None and (not self.conflict_key or len(set(self.conflict_key)) != len(self.conflict_key)):
-            raise ValueError("conflict_key lists at least one column, each once")
-        return self
 
 
 class ClickHouseSinkSettings(SinkSettingsBase):
@@ -251,6 +237,11 @@ def auto_columns(data: Any) -> Any:
         if out.get(name) is not None:
             raise ValueError(f"{name}: not supported with columns: auto yet (each table is versioned by the "
                              "Kafka offset, in the hidden _version column)")
+    tables = out.get("tables")
+    if isinstance(tables, dict) and any(isinstance(o, dict) and o.get("version_column") is not None
+                                        for o in tables.values()):
+        raise ValueError("tables: version_column is not supported in ClickHouse yet (each table is versioned "
+                         "by the Kafka offset, in the hidden _version column)")
     out["columns"] = {CARRIER_KEY: {"type": "String"}, CARRIER_SHAPE: {"type": "String"},
                       CARRIER_VALUES: {"type": "String"}, AUTO_STREAM_COLUMN: {"type": "Int64"},
                       AUTO_OFFSET_COLUMN: {"type": "UInt64"}}

@@ -42,7 +42,7 @@ from ingest.config.base import ColumnSpec
 from ingest.config.cdc import DeleteSettings
 from ingest.drivers.postgres import connect, translate
 from ingest.errors import MigrationError, PermanentError, TransientError
-from ingest.mirror.auto import KEY_AT, OFFSET_AT, SHAPE_AT, STREAM_AT, VALUES_AT, VERSION_AT, RowShape
+from ingest.mirror.auto import KEY_AT, OFFSET_AT, SHAPE_AT, STREAM_AT, VALUES_AT, VERSION_AT, RowShape, override_for
 from ingest.mirror.ddl import _PG_LOST_RACE as LOST_RACE
 from ingest.mirror.ddl import DdlResult, KeyedLocks, ensure_postgres, lock_key, read_postgres_shape
 from ingest.mirror.errors import SchemaIncompatible
@@ -98,8 +98,11 @@ class AutoTables:
     and across processes by the table's advisory lock (:func:`ensure_postgres`)."""
 
     def __init__(self, cfg: PostgresSinkSettings, deletes: DeleteSettings | None) -> None:
+        """``deletes``: the pipeline's (None: its records never delete); a ``tables:`` entry's ``deletes``
+        replaces them for its tables, its ``version_column`` the sink's ``version:``."""
         self._cfg = cfg
         self._deletes = deletes
+        self._overrides = tuple(cfg.tables.items())
         self._tables: dict[str, AutoTable] = {}
         self._lock = threading.Lock()
         self._table_lock = KeyedLocks()  # one per table name
@@ -196,9 +199,10 @@ class AutoTables:
     def _check_filled(self, t: AutoTable, wanted: Shape) -> None:
         """Raise SchemaIncompatible when ``t`` has a NOT NULL column that neither ``wanted`` nor ingest
         fills (one added by hand): ingest would write NULL there, default or not."""
-        managed = {STREAM_COLUMN, OFFSET_COLUMN, *(c.name for c in self._extra_columns(wanted))}
-        if self._deletes is not None and self._deletes.mode == "soft":
-            managed.add(self._deletes.soft_column)
+        managed = {STREAM_COLUMN, OFFSET_COLUMN, *(c.name for c in self._extra_columns(t.name, wanted))}
+        deletes = self._deletes_for(t.name)
+        if deletes is not None and deletes.mode == "soft":
+            managed.add(deletes.soft_column)
         lacking = [c.name for c in t.shape.columns
                    if not c.nullable and c.name not in managed and wanted.column(c.name) is None]
         if lacking:
@@ -253,7 +257,7 @@ class AutoTables:
         """:func:`ensure_postgres` on a connection of its own, with the columns ingest adds (the source
         columns and the version of a keyed table) and, with deletes, the tombstone table and soft column."""
         cfg = self._cfg
-        extra = self._extra_columns(wanted)
+        extra = self._extra_columns(name, wanted)
         if len({*wanted.names, *(c.name for c in extra)}) > MAX_COLUMNS:
             raise SchemaIncompatible("too_many_columns", f"table {name!r} would have more than {MAX_COLUMNS} "
                                      "columns, PostgreSQL's limit")
@@ -274,7 +278,7 @@ class AutoTables:
                 if exc.sqlstate == "54011":  # too many columns (dropped ones count too)
                     raise SchemaIncompatible("too_many_columns", f"table {name!r}: {exc}") from None
                 raise
-            if dry_run or result.action == "incompatible" or not wanted.key or self._deletes is None:
+            if dry_run or result.action == "incompatible" or not wanted.key or self._deletes_for(name) is None:
                 return result
             assert result.shape is not None
             deletes = self._build(name, result.shape).deletes
@@ -282,12 +286,29 @@ class AutoTables:
                 self._ensure_deletes(conn, name, deletes)
         return result
 
-    def _extra_columns(self, wanted: Shape) -> tuple[Column, ...]:
-        """The columns ingest adds to a table of ``wanted``: the source columns and the version of a keyed one."""
+    def _extra_columns(self, name: str, wanted: Shape) -> tuple[Column, ...]:
+        """The columns ingest adds to table ``name`` of ``wanted``: the source columns and the sink's
+        ``version:`` column of a keyed one (unless its ``tables:`` entry names its own version column)."""
         extra: tuple[Column, ...] = SOURCE if wanted.key else ()
-        if self._cfg.version is not None and wanted.key:
+        if self._cfg.version is not None and wanted.key and self._own_version(name) is None:
             extra = (*extra, Column(self._cfg.version.column, self._cfg.version.type, True))
         return extra
+
+    def _override(self, name: str) -> Any:
+        found = override_for(name, self._overrides) if self._overrides else None
+        return found[1] if found is not None else None
+
+    def _own_version(self, name: str) -> str | None:
+        """The version column ``name``'s ``tables:`` entry names (a column of its schema), or None."""
+        return getattr(self._override(name), "version_column", None)
+
+    def _deletes_for(self, name: str) -> DeleteSettings | None:
+        """How table ``name``'s deletes are written: its ``tables:`` entry's ``deletes``, else the
+        pipeline's (None: the records never delete)."""
+        if self._deletes is None:
+            return None
+        own = getattr(self._override(name), "deletes", None)
+        return own if own is not None else self._deletes
 
     def _ensure_deletes(self, conn: psycopg.Connection[Any], name: str, deletes: DeleteStatements) -> None:
         """The tombstone table and soft-delete column of ``name``, under the table's advisory lock (the one
@@ -303,14 +324,16 @@ class AutoTables:
             pass
 
     def _build(self, name: str, shape: Shape) -> AutoTable:
-        soft = self._deletes.soft_column if self._deletes is not None and self._deletes.mode == "soft" else None
+        delete_settings = self._deletes_for(name)
+        soft = delete_settings.soft_column if delete_settings is not None and delete_settings.mode == "soft" else None
         columns = {c.name: ColumnSpec(type=c.type) for c in shape.columns if c.name != soft}
         keyed = bool(shape.key)
-        version = self._cfg.version.column if self._cfg.version is not None and keyed else None
+        version = (self._own_version(name) or (self._cfg.version.column if self._cfg.version is not None else None)) \
+            if keyed else None
         cfg = self._cfg.model_copy(update={
             "table": name, "columns": columns, "conflict_key": list(shape.key), "version_column": version,
-            "on_conflict": "update" if keyed else "none", "auto_columns": False})
-        deletes = DeleteStatements(cfg, self._deletes) if self._deletes is not None and keyed else None
+            "on_conflict": "update" if keyed else "none", "auto_columns": False, "tables": {}})
+        deletes = DeleteStatements(cfg, delete_settings) if delete_settings is not None and keyed else None
         with self._lock:
             self._versions += 1
             version = self._versions
@@ -324,10 +347,11 @@ class AutoTables:
         offset_at = names.index(OFFSET_COLUMN) if OFFSET_COLUMN in names else -1
         key_at = [names.index(k) for k in t.cfg.conflict_key]
         version_at = names.index(t.cfg.version_column) if t.cfg.version_column else -1
+        soft = t.deletes is not None and t.deletes.soft_column is not None
         out: list[tuple[Any, ...]] = []
         for carrier in carriers:
             shaped = carrier[VALUES_AT]
-            if shaped is not None:
+            if shaped is not None and (soft or not isinstance(carrier, DeleteRow)):
                 values = shaped.values
                 row = [None if i < 0 else values[i] for i in t.positions(shaped.shape)]
             else:
@@ -340,9 +364,10 @@ class AutoTables:
                 row[stream_at] = carrier[STREAM_AT]
                 row[offset_at] = carrier[OFFSET_AT]
             if version_at >= 0:
-                row[version_at] = carrier[VERSION_AT]
+                version = carrier[VERSION_AT]
+                row[version_at] = version[1] if type(version) is tuple else version  # mirror.auto.version_key
             if isinstance(carrier, DeleteRow):
-                out.append((ImageDeleteRow if type(carrier) is ImageDeleteRow else DeleteRow)(row))
+                out.append((ImageDeleteRow if soft and type(carrier) is ImageDeleteRow else DeleteRow)(row))
             else:
                 out.append(tuple(row))
         return out

@@ -24,6 +24,8 @@ from ingest.config.base import (
     check_dsn_syntax,
     check_identifier,
 )
+from ingest.config.cdc import DeleteSettings
+from ingest.config.overrides import ColumnOverrideBase, TableOverrideBase
 from ingest.core.collapse import CollapseRule
 from ingest.core.dialects import pg_base_type
 
@@ -36,10 +38,9 @@ SOURCE_COLUMNS: dict[str, dict[str, str]] = {
 RESERVED_PREFIX = "_ingest_"
 
 
-class ColumnOverride(Frozen):
-    """A column's type in a ``tables:`` entry (instead of the type map's)."""
-
-    type: str
+class ColumnOverride(ColumnOverrideBase):
+    """A column of a ``tables:`` entry: its PostgreSQL type instead of the type map's, and optionally
+    where its value comes from (:class:`~ingest.config.overrides.ColumnOverrideBase`)."""
 
     @field_validator("type")
     @classmethod
@@ -55,23 +56,30 @@ class ColumnOverride(Frozen):
         return value
 
 
-class TableOverride(Frozen):
-    """A ``tables:`` entry of a ``columns: auto`` sink: what one table (or the tables a glob matches)
-    takes instead of what its records' schemas say."""
+class TableDeletes(DeleteSettings):
+    """``deletes`` of a ``tables:`` entry: how this table's deletes are written (the pipeline's
+    ``deletes`` settings, but each routed table has its own ``<table>_ingest_deleted``)."""
 
-    #: the table's key: these value columns instead of the record key's fields
-    conflict_key: list[str] | None = None
-    #: column → its type (a column the schema lacks is not added)
+    @field_validator("tombstone_table")
+    @classmethod
+    def _no_tombstone_name(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError("each routed table gets its own <table>_ingest_deleted: leave tombstone_table out")
+        return value
+
+
+class TableOverride(TableOverrideBase):
+    """A ``tables:`` entry of a PostgreSQL ``columns: auto`` sink (see :mod:`ingest.config.overrides`)."""
+
+    #: column → its type, and optionally its source (a column the schema lacks is added only with a source)
     columns: dict[str, ColumnOverride] = Field(default_factory=dict)
-    #: ``none``: append every record (no key, no upsert) even when the records have a key
-    on_conflict: Literal["update", "none"] | None = None
+    #: how this table's deletes are written, instead of the pipeline's ``deletes`` (hard or soft)
+    deletes: TableDeletes | None = None
 
     @model_validator(mode="after")
-    def _one_key(self) -> TableOverride:
-        if self.on_conflict == "none" and self.conflict_key:
-            raise ValueError("conflict_key and on_conflict none: an append-only table has no key")
-        if self.conflict_key is not None and (not self.conflict_key or len(set(self.conflict_key)) != len(self.conflict_key)):
-            raise ValueError("conflict_key lists at least one column, each once")
+    def _append_only_has_no_deletes(self) -> TableOverride:
+        if self.on_conflict == "none" and self.deletes is not None:
+            raise ValueError("deletes and on_conflict none: an append-only table has no key to delete by")
         return self
 
 
@@ -274,8 +282,17 @@ def auto_columns(data: Any) -> Any:
         spec = AutoVersion.model_validate(version)
         columns[CARRIER_VERSION] = {"type": spec.type, "source": spec.source, "required": True}
         out["version_column"] = CARRIER_VERSION
+    elif tables_versioned(data.get("tables")):  # the slot each table fills from its own column (or 0)
+        columns[CARRIER_VERSION] = {"type": "bigint", "source": "@offset", "required": True}
+        out["version_column"] = CARRIER_VERSION
     out["columns"] = columns
     return out
+
+
+def tables_versioned(tables: Any) -> bool:
+    """Raw ``tables:`` entries of which one names a ``version_column`` (the carriers then have a version)."""
+    return isinstance(tables, dict) and any(isinstance(o, dict) and o.get("version_column") is not None
+                                            for o in tables.values())
 
 
 def _add_source_columns(data: Any) -> Any:
