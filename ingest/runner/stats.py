@@ -47,6 +47,11 @@ class PipelineStats:
     write_calls: int = 0
     commits: int = 0
     paused_s: float = 0.0
+    #: seconds the lanes spent writing batches, all lanes together (:attr:`Completion.write_s`), and the
+    #: seconds planning them took (:attr:`Completion.prepare_s`): against ``busy_s`` they show how much of
+    #: the time the lanes wait on the database and how much planning overlaps it
+    lane_write_s: float = 0.0
+    prepare_s: float = 0.0
     #: seconds each batch waited for a write slot (only with a write scheduler)
     queue_waits_s: list[float] = field(default_factory=list)
     started_s: float = field(default_factory=time.monotonic)
@@ -67,6 +72,8 @@ class PipelineStats:
         self.retries += c.retries
         self.write_calls += c.write_calls
         self.already_written += c.skipped
+        self.lane_write_s += c.write_s
+        self.prepare_s += c.prepare_s
         self.columnar_records += c.columnar_records
         if c.rows_by_table:
             self.rows_by_table.update(c.rows_by_table)
@@ -141,6 +148,8 @@ class PipelineStats:
             "write_calls": self.write_calls,
             "commits": self.commits,
             "paused_s": round(self.paused_s, 3),
+            "lane_write_s": round(self.lane_write_s, 3),
+            "prepare_s": round(self.prepare_s, 3),
             "rate_per_s": round(self.rate_per_s(), 1),
             "queue_wait_s": percentiles(self.queue_waits_s),
             "busy_s": round((self.last_done_s or 0) - (self.first_record_s or 0), 3),

@@ -79,6 +79,11 @@ class Completion:
     retries: int = 0
     write_calls: int = 0
     duration_s: float = 0.0
+    #: of it, the seconds after planning: the writes (database round trips, retries, the DLQ) and their waits
+    write_s: float = 0.0
+    #: seconds planning the batch took (:meth:`BatchWriter.prepare`): in the pipeline thread, overlapping the
+    #: lane's write of the batch before, when the lanes were handed a planned batch (else inside ``duration_s``)
+    prepare_s: float = 0.0
     #: oldest record timestamp (ms) in the batch, for end-to-end latency
     min_timestamp_ms: int | None = None
     #: records found already written by an earlier run (exactly-once mode)
@@ -121,6 +126,8 @@ class PreparedBatch:
     filtered: Counter[str] = field(default_factory=Counter)
     #: ... and how many the row mapper handled without a row otherwise (not in ``items``)
     unchanged: int = 0
+    #: seconds :meth:`BatchWriter.prepare` took (in the pipeline thread, while the lane wrote the batch before)
+    prepare_s: float = 0.0
 
 
 class BatchWriter:
@@ -201,6 +208,12 @@ class BatchWriter:
         once, its DLQ entries and groups -- or, unmapped items (:attr:`maps_in_lane`), the columnar
         tier's write, else the items mapped by rows and planned. :meth:`handle` takes the result (or
         plans there itself)."""
+        started = time.perf_counter()
+        prepared = self._prepare(items)
+        prepared.prepare_s = time.perf_counter() - started
+        return prepared
+
+    def _prepare(self, items: Sequence[Item]) -> PreparedBatch:
         records = list(map(_record_of, items))
         # the records' fields the bookkeeping lists, which the columnar tier's plan reads too
         listed = {"topic": list(map(_topic_of, records)), "partition": list(map(_partition_of, records)),
@@ -233,8 +246,9 @@ class BatchWriter:
         """
         started = time.perf_counter()
         prepared = batch if isinstance(batch, PreparedBatch) else self.prepare(batch)
+        writing = time.perf_counter()
         items = prepared.items
-        result = Completion(lane=lane, reason=reason, records=len(items))
+        result = Completion(lane=lane, reason=reason, records=len(items), prepare_s=prepared.prepare_s)
         if prepared.columnar is not None:
             result.filtered = prepared.columnar.filtered
             result.unchanged = len(prepared.columnar.unchanged)
@@ -278,7 +292,8 @@ class BatchWriter:
             log.exception("unexpected error in batch writer")
             result.error = exc
         result.retries = retries[0]
-        result.duration_s = time.perf_counter() - started
+        done = time.perf_counter()
+        result.duration_s, result.write_s = done - started, done - writing
         return result
 
     def _handle_at_least_once(self, failures: list[DlqEntry], groups: list[list[Item]], result: Completion,

@@ -219,6 +219,8 @@ def test_lanes_keep_per_key_order(kafka_bootstrap, pg_dsn, new_topic, group_id, 
     stats = _stats(summary)
     assert stats["records_consumed"] == n
     assert stats["dead_lettered"] == 0
+    # the lanes' writing time and the planning time, which the summary reports beside the busy window
+    assert 0 < stats["lane_write_s"] <= lanes * stats["busy_s"] + 1 and stats["prepare_s"] > 0
     print(f"order: {n} records, {n_keys} keys, lanes {lanes}: {applies} applies, {stats['batches']} batches, "
           f"run {elapsed:.1f}s, rate {stats['rate_per_s']}/s")
 
