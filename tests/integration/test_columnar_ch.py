@@ -37,6 +37,10 @@ COLUMNS = {
     "part": {"type": "Int32", "source": "@partition"},
 }
 SELECT = ", ".join(f"toString({name})" for name in COLUMNS)
+#: the same columns with defaults for a missing or null value (the tier stages them: issue #38)
+DEFAULTED = {**COLUMNS, "n": {**COLUMNS["n"], "default": -1}, "note": {**COLUMNS["note"], "default": "none"},
+             "amount": {**COLUMNS["amount"], "default": "2.5"},
+             "us": {**COLUMNS["us"], "default": "2025-06-01T12:00:00.250Z"}}
 
 AWKWARD = [
     {"id": 1, "n": 0, "kind": "", "note": None, "amount": 0.1, "ts": 0, "us": 0},
@@ -48,11 +52,12 @@ AWKWARD = [
 ]
 
 
-def _pipeline(url: str, table: str, dlq_dsn: str = "postgresql://nobody@127.0.0.1:1/none") -> PipelineSettings:
+def _pipeline(url: str, table: str, dlq_dsn: str = "postgresql://nobody@127.0.0.1:1/none",
+              columns: dict = COLUMNS) -> PipelineSettings:
     return PipelineSettings.model_validate({
         "name": table, "topics": ["t"],
         "sink": {"kind": "clickhouse", "url": url, "database": DATABASE, "table": table, "order_by": ["id"],
-                 "columns": COLUMNS},
+                 "columns": columns},
         "dlq": {"kind": "postgres", "dsn": dlq_dsn},
     })
 
@@ -61,8 +66,10 @@ def _stored(client, table: str) -> list[tuple]:
     return client.query(f"SELECT {SELECT}, _version FROM {DATABASE}.{table} FINAL ORDER BY id").result_rows
 
 
-def test_columnar_insert_stores_what_the_row_path_stores(chdb):
-    by_rows, by_columns = _pipeline(chdb.url, "by_rows"), _pipeline(chdb.url, "by_columns")
+@pytest.mark.parametrize("columns", [COLUMNS, DEFAULTED], ids=["plain", "defaults"])
+def test_columnar_insert_stores_what_the_row_path_stores(chdb, columns):
+    by_rows, by_columns = (_pipeline(chdb.url, "by_rows", columns=columns),
+                           _pipeline(chdb.url, "by_columns", columns=columns))
     sinks = [ClickHouseSink(p.sink, pipeline=p.name) for p in (by_rows, by_columns)]
     try:
         client = sinks[0].client()

@@ -40,16 +40,37 @@ COLUMNS = {
 }
 
 
+#: The same columns with defaults the tier stages exactly (a missing or null value takes them), and a
+#: non-Nullable column that a default makes optional.
+DEFAULTED = {**COLUMNS,
+             "small": {**COLUMNS["small"], "default": 7}, "big": {**COLUMNS["big"], "default": -3},
+             "kind": {**COLUMNS["kind"], "default": "none"}, "note": {**COLUMNS["note"], "default": ""},
+             "amount": {**COLUMNS["amount"], "default": "1.25"},
+             "ts": {**COLUMNS["ts"], "default": "2024-01-02T03:04:05.678Z"},
+             "micros": {**COLUMNS["micros"], "default": 1_700_000_000_123},  # epoch ms
+             "secs": {**COLUMNS["secs"], "default": "2024-01-01T00:00:00Z"},
+             "count": {"type": "UInt32", "source": "$.b", "default": 0}}
+
+
 def _settings(**kw) -> ClickHouseSinkSettings:
     return ClickHouseSinkSettings(kind="clickhouse", url="chdb://memory", database="d", table="t", **kw)
 
 
-CFG = _settings(order_by=["event_id"], columns=COLUMNS)
-MAPPER = Mapper(CFG.columns)
-RULE = CFG.collapse_rule()
-PLAN = MAPPER.columnar_plan(RULE.key_index, RULE.version_index)
-TYPES = list(CFG.ch_types.values())
-ENCODER = ArrowEncoder.for_columns(list(CFG.columns), TYPES)
+class Case:
+    """One column set: its settings, row mapper, collapse rule, columnar plan and the row path's encoder."""
+
+    def __init__(self, columns: dict) -> None:
+        self.cfg = _settings(order_by=["event_id"], columns=columns)
+        self.mapper = Mapper(self.cfg.columns)
+        self.rule = self.cfg.collapse_rule()
+        self.plan = self.mapper.columnar_plan(self.rule.key_index, self.rule.version_index)
+        self.types = list(self.cfg.ch_types.values())
+        self.encoder = ArrowEncoder.for_columns(list(self.cfg.columns), self.types)
+
+
+CASES = {"plain": Case(COLUMNS), "defaults": Case(DEFAULTED)}
+CFG, MAPPER, RULE, PLAN = CASES["plain"].cfg, CASES["plain"].mapper, CASES["plain"].rule, CASES["plain"].plan
+TYPES, ENCODER = CASES["plain"].types, CASES["plain"].encoder
 
 scalars = st.one_of(
     st.none(), st.booleans(),
@@ -83,19 +104,19 @@ def _records(raw: list[bytes]) -> list[Record]:
     return [Record("t", i % 3, (i * 5) % 7, b"k", value, 1_700_000_000_000 + i) for i, value in enumerate(raw)]
 
 
-def _row_path(records: list[Record]) -> tuple[list[dict] | None, set[int]]:
+def _row_path(records: list[Record], case: Case = CASES["plain"]) -> tuple[list[dict] | None, set[int]]:
     """The row path: mapped, collapsed, encoded as the sink's Arrow table (rows by key); and the
     positions of the poison records."""
     items, poison = [], set()
     for i, rec in enumerate(records):
         try:
-            row, _ = MAPPER.map(rec)
+            row, _ = case.mapper.map(rec)
             items.append(Item(rec, row, None, 0, 1))
         except InvalidRecord:
             poison.add(i)
-    _, groups = collapse(items, RULE)
+    _, groups = collapse(items, case.rule)
     rows = [group[0].row for group in groups]
-    table = ENCODER.table(list(zip(*rows))) if rows else None
+    table = case.encoder.table(list(zip(*rows))) if rows else None
     return (sorted(table.to_pylist(), key=_key) if table is not None else []), poison
 
 
@@ -103,7 +124,7 @@ def _key(row: dict) -> int:
     return row["event_id"]
 
 
-COMPARED = {"columnar": 0, "by rows": 0}
+COMPARED = {name: {"columnar": 0, "by rows": 0} for name in CASES}
 
 
 def test_the_bench_shape_and_these_columns_have_a_plan_and_others_do_not():
@@ -112,8 +133,12 @@ def test_the_bench_shape_and_these_columns_have_a_plan_and_others_do_not():
                                                "epoch_ms", "epoch_ms", "int", "int"]  # + the hidden _version
     assert [c.scale for c in PLAN.columns if c.kind == "decimal"] == [2]
     assert not any(c.forbid_nul for c in PLAN.columns if c.kind == "text")  # ClickHouse strings hold NUL
+    assert [c.default for c in CASES["defaults"].plan.columns] == [
+        None, 7, -3, "none", "", 1.25, 1_704_164_645_678, 1_700_000_000_123, 1_704_067_200_000, None, 0, None]
     for column in ({"type": "UInt64", "source": "$.x.y"}, {"type": "Float64", "source": "$.x"},
-                   {"type": "UInt64", "source": "$.x", "default": 5}, {"type": "Bool", "source": "$.x"},
+                   {"type": "Nullable(DateTime64(6))", "source": "$.x", "default": "2024-01-01T00:00:00.000001Z"},
+                   {"type": "Nullable(Decimal(30, 20))", "source": "$.x", "default": "0.1000000000000000055511"},
+                   {"type": "Bool", "source": "$.x"},
                    {"type": "Date", "source": "$.x"}, {"type": "UUID", "source": "$.x"},
                    {"type": "Array(UInt8)", "source": "$.x"}):
         cfg = _settings(order_by=["id"], columns={"id": {"type": "UInt64"}, "a": column})
@@ -135,26 +160,29 @@ def test_a_version_column_that_is_not_an_integer_column_has_no_plan():
 @example([b'{"id": 1, "amount": 1.005}', b'{"id": 2, "amount": 12.5}'])  # 1.005 rounds: by rows
 @example([b'{"id": 1, "note": "a\\u0000b", "s": 7}', b'{"id": 1, "s": 8}'])  # NUL is fine in ClickHouse
 @example([b'{"id": 3, "ts": 10413791999999, "us": 10413791999999, "sec": 1999}'])  # the last DateTime64 ms
-def test_the_plan_and_the_conversion_insert_what_the_row_path_inserts(raw):
+@example([b'{"id": 4, "s": null, "b": null, "kind": null, "amount": null, "ts": null}', b'{"id": 5}'])  # defaults
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_plan_and_the_conversion_insert_what_the_row_path_inserts(case, raw):
+    c = CASES[case]
     records = _records(raw)
-    expected, poison = _row_path(records)
-    built = PLAN.build(records)
+    expected, poison = _row_path(records, c)
+    built = c.plan.build(records)
     assert built is not None  # no tombstone, no newline: the plan never declines the whole batch
     rejected = set(built.rejected)
     assert poison <= rejected, "a poison record was taken by the columnar plan"
     if not rejected <= poison:  # a rejected record maps after all: the tier writes this batch by rows
-        COMPARED["by rows"] += 1
+        COMPARED[case]["by rows"] += 1
         return
-    COMPARED["columnar"] += 1
-    converted = ColumnarConverter(PLAN.columns, TYPES, ENCODER.schema).convert(built.table)
-    assert converted.schema == ENCODER.schema
+    COMPARED[case]["columnar"] += 1
+    converted = ColumnarConverter(c.plan.columns, c.types, c.encoder.schema).convert(built.table)
+    assert converted.schema == c.encoder.schema
     assert sorted(converted.to_pylist(), key=_key) == expected
 
 
 @pytest.mark.xdist_group("columnar-ch-differential")
 def test_the_differential_test_compared_columnar_batches():
     """Runs after it (file order, the same worker): the comparison must not have been skipped every time."""
-    assert COMPARED["columnar"] >= 20, COMPARED
+    assert all(counts["columnar"] >= 20 for counts in COMPARED.values()), COMPARED
 
 
 def test_the_highest_version_wins_a_key_and_ties_go_to_the_later_record():

@@ -42,6 +42,7 @@ Pure logic, no I/O; pyarrow is imported only when a plan is made.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import operator
@@ -205,11 +206,19 @@ def _staged_default(kind: str, default: Any) -> Any:
 def ch_staged(name: str, col: FastColumn, t: ChType) -> StagedColumn | None:
     """How the tier stages a ClickHouse column of type ``t``, or None when it cannot: integers,
     ``String``, ``Decimal(P, S)`` (values that need no rounding, see :class:`StagedColumn`) and
-    ``DateTime64(p)`` from epoch milliseconds, each possibly ``Nullable``/``LowCardinality``. The
-    sink turns the staged columns into its own Arrow types
+    ``DateTime64(p)`` from epoch milliseconds, each possibly ``Nullable``/``LowCardinality``, with or
+    without a default the staged kind holds exactly (:func:`_ch_staged_default`). The sink turns the
+    staged columns into its own Arrow types
     (:meth:`~ingest.sinks.clickhouse.sink.ClickHouseSink.use_columnar`)."""
-    if col.default is not None:
-        return None
+    staged = _ch_staged(name, col, t)
+    if staged is None or col.default is None:
+        return staged
+    default = _ch_staged_default(staged, col.default, t)
+    return None if default is None else dataclasses.replace(staged, default=default)
+
+
+def _ch_staged(name: str, col: FastColumn, t: ChType) -> StagedColumn | None:
+    """:func:`ch_staged` without the default."""
     while t.kind in ("nullable", "lowcardinality") and t.inner is not None:
         t = t.inner
     if t.kind == "decimal":
@@ -233,6 +242,29 @@ def ch_staged(name: str, col: FastColumn, t: ChType) -> StagedColumn | None:
         # as the row mapper's exact branch (coerce_ch._ch_decimal): |v| < 10**(P-S) / 10
         return StagedColumn(name, kind, scale=t.scale, max_abs=float(10 ** (t.precision - t.scale)) / 10)
     return StagedColumn(name, kind, lo=0, hi=CH_DT64_MAX_MS)
+
+
+def _ch_staged_default(staged: StagedColumn, default: Any, t: ChType) -> Any:
+    """A ClickHouse column's coerced default (the row mapper's: an int, a str, a Decimal, DateTime64
+    ticks) as ``staged`` holds it -- the staged value the sink converts back to exactly that default --
+    or None when it cannot (then the column has no plan)."""
+    while t.kind in ("nullable", "lowcardinality") and t.inner is not None:
+        t = t.inner
+    kind = staged.kind
+    if kind == "text":
+        return default if type(default) is str else None
+    if kind == "int":
+        return default if type(default) is int and staged.lo <= default <= staged.hi else None  # type: ignore[operator]
+    if kind == "decimal":  # staged as a double: only a default the double holds to the digit
+        if type(default) is not Decimal or not default.is_finite():
+            return None
+        as_float = float(default)
+        return as_float if Decimal(repr(as_float)) == default and abs(as_float) < staged.max_abs else None  # type: ignore[operator]
+    if kind == "epoch_ms" and type(default) is int:  # DateTime64(p) ticks → epoch milliseconds, when exact
+        per_ms = 10 ** (t.precision - 3) if t.precision >= 3 else 1
+        ms = default // per_ms if t.precision >= 3 else default * 10 ** (3 - t.precision)
+        return ms if default % per_ms == 0 and 0 <= ms <= CH_DT64_MAX_MS else None
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -374,8 +374,8 @@ class Mapper:
             if dialect == "clickhouse":
                 if col.doc_key is None and col.metadata is None:
                     return f"column {name!r} reads {self._sources[name]!r}, which the tier does not stage"
-                if col.default is not None:
-                    return f"column {name!r} has a default (the row mapper fills defaults)"
+                if col.default is not None and ch_staged(name, dataclasses.replace(col, default=None), ch_type(full)):
+                    return f"column {name!r} has a default the tier cannot stage exactly ({col.default!r})"
                 return f"column {name!r} is {full}: the tier stages integer, String, Decimal and DateTime64 columns"
             if col.default is not None and pg_staged(name, dataclasses.replace(col, default=None), full) is not None:
                 return f"column {name!r} has a default the tier cannot stage ({col.default!r})"
