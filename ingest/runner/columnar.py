@@ -359,8 +359,6 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
         why = "Avro change events (an envelope) are written by rows"
     elif p.format == "avro" and p.sink.kind != "postgres":
         why = "Avro values go columnar into PostgreSQL only"
-    elif p.format == "avro" and exactly_once:
-        why = "Avro values with exactly-once delivery write by rows"
     elif p.has_deletes and (why := _deletes_refusal(p)) is not None:
         pass
     elif rule.key_index is not None and (rule.keep != "last" or (rule.merge_deletes and not p.has_deletes)):

@@ -21,6 +21,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
 import psycopg
+import pytest
 from fastavro import parse_schema, schemaless_writer
 from harness.kafka import produce
 from pipeline_helpers import run_pipeline_on_off
@@ -106,8 +107,9 @@ def _stored(dsn: str, table: str) -> list[tuple]:
         return conn.execute(f'SELECT {", ".join(COLUMNS)} FROM "{table}" ORDER BY id').fetchall()
 
 
+@pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
 def test_an_avro_run_on_the_columnar_tier_writes_and_dead_letters_what_the_row_path_does(
-        kafka_bootstrap, pg_dsn, new_topic, tmp_path, schema_registry):
+        kafka_bootstrap, pg_dsn, new_topic, tmp_path, schema_registry, delivery):
     topic = new_topic(3)
     ids = {name: schema_registry.register(f"{topic}-value", json.dumps(schema))
            for name, schema in (("v1", V1), ("v2", V2), ("uuids", UUIDS))}
@@ -115,13 +117,15 @@ def test_an_avro_run_on_the_columnar_tier_writes_and_dead_letters_what_the_row_p
     assert produce(kafka_bootstrap, topic, records) == len(records)
     runs = {}
     for name, columnar in (("arows", False), ("acols", None)):  # None: the default, on where it fits
+        name += "_eo" if delivery == "exactly_once" else ""
         stats, dlq = run_pipeline_on_off(tmp_path, kafka_bootstrap, topic, pg_dsn, {
             "name": name, "format": "avro",
-            "sink": {"kind": "postgres", "dsn": pg_dsn, "table": name, "conflict_key": ["id"], "columns": COLUMNS},
+            "sink": {"kind": "postgres", "dsn": pg_dsn, "table": name, "conflict_key": ["id"], "columns": COLUMNS,
+                     "delivery": delivery},
             "dlq": {"kind": "postgres", "table": f"{name}_dlq"},
         }, columnar, top={"schema_registry": {"url": schema_registry.url}})
         runs[name] = stats, _stored(pg_dsn, name), dlq
-    (rows_stats, rows, rows_dlq), (col_stats, cols, col_dlq) = runs["arows"], runs["acols"]
+    (rows_stats, rows, rows_dlq), (col_stats, cols, col_dlq) = runs.values()
     assert len(rows) == 700
     assert cols == rows
     assert col_dlq == rows_dlq
