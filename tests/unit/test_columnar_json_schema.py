@@ -23,15 +23,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_columnar import COLUMNS, _as_database_would
 from test_columnar import values as json_texts
+from test_columnar_avro import _row_path
 
 from harness.schema_registry import SchemaRegistryStandIn
 from ingest.config import PipelineSettings
 from ingest.config.formats import SchemaRegistrySettings
-from ingest.core.collapse import collapse
 from ingest.core.mapping import Mapper
 from ingest.core.mapping.columnar import UNROUTED
 from ingest.core.routing import key_bytes
-from ingest.errors import InvalidRecord
 from ingest.formats.json_schema import JsonSchemaDecoder
 from ingest.formats.wire import VALUE_SCHEMA_ID_HEADER
 from ingest.runner.columnar import ColumnarTier, write_tier
@@ -62,15 +61,21 @@ def _pipeline(url: str, **overrides) -> PipelineSettings:
                  "columns": COLUMNS}, **overrides})
 
 
-@pytest.fixture(scope="module")
-def parts(registry):
-    stand_in, ids = registry
-    p = _pipeline(stand_in.url)
-    decoder = JsonSchemaDecoder(p, SchemaRegistrySettings(url=stand_in.url))
+def _fresh(url: str) -> tuple:
+    """A json_schema pipeline's decoder (its own schema store), row mapper, collapse rule and plan."""
+    p = _pipeline(url)
+    decoder = JsonSchemaDecoder(p, SchemaRegistrySettings(url=url))
     mapper = Mapper(p.sink.columns, decoder=decoder)
     rule = p.collapse_rule()
     plan = mapper.columnar_plan(rule.key_index, rule.version_index)
     assert plan is not None, mapper.columnar_refusal(rule.key_index)
+    return decoder, mapper, rule, plan
+
+
+@pytest.fixture(scope="module")
+def parts(registry):
+    stand_in, ids = registry
+    decoder, mapper, rule, plan = _fresh(stand_in.url)
     with urllib.request.urlopen(f"{stand_in.url}/schemas/ids/{ids['v1']}") as answer:  # noqa: S310 - the stand-in
         guid = json.load(answer)["guid"]
     return ids, guid, decoder, mapper, rule, plan
@@ -108,19 +113,6 @@ def wire_values(draw: st.DrawFn, ids: dict[str, int], guid: str) -> tuple[bytes,
 def _records(values: list[tuple[bytes, tuple]]) -> list[Record]:
     return [Record(TOPIC, i % 3, i, b"k", v, 1_700_000_000_000 + i, headers)
             for i, (v, headers) in enumerate(values)]
-
-
-def _row_path(mapper: Mapper, rule, records: list[Record]) -> tuple[dict, dict[int, tuple]]:
-    """Rows by key after the collapse, and each poison record's failure by offset."""
-    items, poison = [], {}
-    for rec in records:
-        try:
-            row, _ = mapper.map(rec)
-            items.append(Item(rec, row, None, 0, 1))
-        except InvalidRecord as exc:
-            poison[rec.offset] = (exc.stage, exc.error_class, exc.message)
-    _, groups = collapse(items, rule)
-    return {group[0].row[0]: group[0].row for group in groups}, poison
 
 
 def _tier(plan, mapper: Mapper) -> ColumnarTier:
@@ -196,10 +188,7 @@ def test_a_clean_batch_is_read_whole_without_decoding_any_record_one_by_one(part
 def test_a_schema_the_store_does_not_hold_yet_is_left_to_the_row_mapper(registry):
     """The plan never fetches: an id nobody prepared is the row mapper's (which fetches it and maps)."""
     stand_in, ids = registry
-    p = _pipeline(stand_in.url)
-    decoder = JsonSchemaDecoder(p, SchemaRegistrySettings(url=stand_in.url))
-    mapper = Mapper(p.sink.columns, decoder=decoder)
-    plan = mapper.columnar_plan(p.collapse_rule().key_index)
+    _, mapper, _, plan = _fresh(stand_in.url)
     records = _records([(_prefix(ids["v1"]) + b'{"id": 1}', ())])
     built = plan.build(records)
     assert built is not None and built.rejected == [0]
