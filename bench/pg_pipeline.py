@@ -1,7 +1,7 @@
 """Kafka → PostgreSQL benchmark: end-to-end beside its bounds, measured in one run.
 
     .venv/bin/python bench/pg_pipeline.py [--records 200000] [--naive-records 5000] [--rounds 3]
-                                          [--format json|avro|protobuf|both|all]
+                                          [--format json|avro|protobuf|json_schema|both|all|json+json_schema]
 
 Starts an embedded broker (Tansu) and uses ``$INGEST_PG_DSN`` or an embedded
 PostgreSQL (pgserver), produces one topic of JSON records (6 partitions, ~110 B
@@ -55,7 +55,9 @@ per record (median) per configuration, the share of the records the columnar tie
 rows`` runs each format by rows: Avro's there is the row path it had before issue #38's tier), and
 the ratios Avro/JSON of the medians. ``--format all``
 does the same with JSON, Avro and Protobuf (their order rotating per round), adding Protobuf rows
-and the ratios Protobuf/JSON. With Avro or Protobuf, the script checks that each of their
+and the ratios Protobuf/JSON. ``--format json_schema`` reads the records as confluent-kafka's
+JSONSerializer makes them (the JSON after the wire-format prefix of a registered JSON Schema), and
+``--format json+json_schema`` runs JSON and JSON Schema side by side as ``both`` does. With Avro or Protobuf, the script checks that each of their
 end-to-end tables (and, with ``both`` or ``all``, each JSON one) holds the stream's last record
 per key, and exits non-zero when it does not.
 """
@@ -99,6 +101,7 @@ from common import (  # noqa: E402
     consume_all,
     cpu_cap,
     create_topic,
+    event,
     event_avro_doc,
     event_message,
     event_message_class,
@@ -137,11 +140,11 @@ COLUMNS = {
 WIDTH = len(COLUMNS)
 
 #: ``--format`` → the formats end to end reads, in the order of their first round.
-FORMATS = {"json": ["json"], "avro": ["avro"], "protobuf": ["protobuf"], "both": ["json", "avro"],
-           "all": ["json", "avro", "protobuf"]}
+FORMATS = {"json": ["json"], "avro": ["avro"], "protobuf": ["protobuf"], "json_schema": ["json_schema"],
+           "both": ["json", "avro"], "all": ["json", "avro", "protobuf"], "json+json_schema": ["json", "json_schema"]}
 #: The formats read through the Schema Registry (the script then starts its stand-in).
-REGISTRY_FORMATS = ("avro", "protobuf")
-NAMES = {"json": "JSON", "avro": "Avro", "protobuf": "Protobuf"}
+REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
+NAMES = {"json": "JSON", "avro": "Avro", "protobuf": "Protobuf", "json_schema": "JSON Schema"}
 
 
 def make_table(dsn: str, name: str, keyed: bool, columns: dict | None = None) -> None:
@@ -214,8 +217,8 @@ def naive(bootstrap: str, topic: str, dsn: str, mapper: Mapper, n: int) -> float
 def e2e_config(bootstrap: str, topic: str, dsn: str, table: str, lanes: int, registry_url: str | None = None,
                fmt: str = "avro", columns: dict | None = None, columnar: bool | None = None,
                sink_extra: dict | None = None) -> dict:
-    """The end-to-end configuration; with ``registry_url``, the same one reading ``fmt`` (``avro`` or
-    ``protobuf``; schemas from that Schema Registry); ``columnar``: the ``columnar`` setting (None: unset,
+    """The end-to-end configuration; with ``registry_url``, the same one reading ``fmt`` (``avro``,
+    ``protobuf`` or ``json_schema``; schemas from that Schema Registry); ``columnar``: the ``columnar`` setting (None: unset,
     the default: the columnar tier wherever it fits)."""
     cfg = {
         "kafka": {"bootstrap_servers": bootstrap, "client": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}},
@@ -275,9 +278,30 @@ def produce_protobuf(bootstrap: str, topic: str, n: int, registry_url: str) -> N
     produce(bootstrap, topic, n, value=lambda i, key: serializer(event_message(cls, i, key), ctx))
 
 
+#: The benchmark record's JSON Schema (:func:`common.event`'s fields), for ``--format json_schema``.
+EVENT_JSON_SCHEMA = {"type": "object", "title": "Event", "required": ["id"], "properties": {
+    "id": {"type": "integer"}, "user": {"type": "integer"}, "kind": {"type": "string"},
+    "amount": {"type": "number"}, "ts": {"type": "integer"}}}
+
+
+def produce_json_schema(bootstrap: str, topic: str, n: int, registry_url: str) -> None:
+    """The same records as JSON Schema values in the wire format: :func:`common.event`'s documents through
+    one JSONSerializer (registering :data:`EVENT_JSON_SCHEMA` under ``<topic>-value`` on its first call,
+    validating each record against it), reused for every record."""
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from harness.serde import client
+
+    serializer = JSONSerializer(orjson.dumps(EVENT_JSON_SCHEMA).decode(), client(registry_url))
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    produce(bootstrap, topic, n, value=lambda i, key: serializer(orjson.loads(event(i, key)), ctx))
+
+
 #: ``format`` → how to produce the stream of it (JSON's is the main topic, produced first).
-PRODUCERS = {"avro": produce_avro, "protobuf": produce_protobuf}
-PRODUCED_AS = {"avro": "AvroSerializer", "protobuf": "ProtobufSerializer"}
+PRODUCERS = {"avro": produce_avro, "protobuf": produce_protobuf, "json_schema": produce_json_schema}
+PRODUCED_AS = {"avro": "AvroSerializer", "protobuf": "ProtobufSerializer", "json_schema": "JSONSerializer"}
 
 
 def check_table(dsn: str, table: str, expected: dict) -> int:
@@ -320,7 +344,7 @@ def idle_cpu_s(bootstrap: str, dsn: str, lanes: int, processes: int, registry_ur
 def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int = 1,
                registry_url: str | None = None, fmt: str = "avro", tag: str = "", columns: dict | None = None,
                columnar: bool | None = None, label: str = "") -> dict:
-    """``ingest run`` of ``topic`` (``fmt``, Avro or Protobuf, with ``registry_url``; else JSON) into a fresh
+    """``ingest run`` of ``topic`` (``fmt``, a registry format, with ``registry_url``; else JSON) into a fresh
     table (``tag`` in its name: another stream's table); ``columnar``: the ``columnar`` setting (None: unset)."""
     tag += "_rows" if columnar is False else ""
     extra_tag, sink_extra = EXTRA_CONFIGS.get(label, ("", None))
@@ -471,8 +495,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3,
                     help="measure (a), (b), (c) and every (e) this many times, interleaved; report best and median")
     ap.add_argument("--format", choices=list(FORMATS), default="json",
-                    help="the values end to end reads: JSON, Avro or Protobuf (Schema Registry wire format), "
-                         "JSON and Avro side by side (both), or all three (all), interleaved; "
+                    help="the values end to end reads: JSON, Avro, Protobuf or JSON Schema (Schema Registry wire "
+                         "format), JSON and Avro side by side (both), JSON, Avro and Protobuf (all), or JSON and "
+                         "JSON Schema (json+json_schema), interleaved; "
                          "(a)-(d) always read the JSON stream")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON to this file")
     ap.add_argument("--no-wide", action="store_true",

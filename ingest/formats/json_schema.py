@@ -10,16 +10,22 @@ does); the producer's serializer has validated them already.
 
 Poison (stage ``decode``): ``bad_magic_byte``, ``unknown_schema``, ``schema_mismatch`` (the id names
 a schema that is not a JSON Schema), ``invalid_utf8`` / ``invalid_json`` for the payload.
+
+On the columnar tier the plan reads the payloads as JSON values (:meth:`JsonSchemaDecoder.columnar_payloads`):
+the prefix is stripped where the decoder would accept it, and every other record is left to the row
+mapper, which decides.
 """
 
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
+from ingest.errors import InvalidRecord
 from ingest.formats import wire
 from ingest.formats.json import decode_error
 from ingest.formats.registered import RegistryDecoder
@@ -55,6 +61,40 @@ class JsonSchemaDecoder(RegistryDecoder):
             return orjson.loads(payload)
         except Exception as exc:  # noqa: BLE001 - JSONDecodeError
             raise decode_error(bytes(payload), exc, self._field) from None
+
+    def columnar_payloads(self, records: Sequence[Record], values: Sequence[bytes]) -> list[bytes | None]:
+        """For the columnar plan (:class:`~ingest.core.mapping.columnar.ColumnarPlan`, ``payloads``): per
+        record of ``records`` (``values``: their values, none a tombstone), the JSON text :meth:`decode`
+        would parse -- the bytes after the wire-format prefix -- or None where :meth:`decode` would
+        refuse the prefix or its schema (``bad_magic_byte``, ``unknown_schema``, ``schema_mismatch``), or
+        the store does not hold the schema yet: such a record is the row mapper's, which decides. A
+        schema is vouched for only when the store already holds it as a parsed JSON Schema (the chunk
+        was prepared); each distinct 5-byte prefix is looked up once, nothing is fetched, and nothing
+        raises for any record content. Records whose schema a header names, or a GUID (magic byte 1),
+        are split one by one, as :meth:`decode` splits them."""
+        known = self._store.parsed  # type: ignore[union-attr]  # read without its lock: it only grows
+        vouched = {prefix: len(prefix) == 5 and prefix[0] == 0 and int.from_bytes(prefix[1:], "big") in known
+                   for prefix in set(map(_prefix, values))}
+        payloads = [v[5:] if vouched[v[:5]] else None for v in values]
+        if any(map(_headers, records)) or any(prefix[:1] == b"\x01" for prefix in vouched):
+            for i, record in enumerate(records):
+                if record.headers or values[i][:1] == b"\x01":
+                    payloads[i] = self._vouched_payload(record, known)
+        return payloads
+
+    def _vouched_payload(self, record: Record, known: dict[wire.SchemaRef, Any]) -> bytes | None:
+        """The JSON text of one record split as :meth:`decode` splits it, None unless its schema is in
+        ``known``."""
+        try:
+            ref, payload = wire.split(record, self._field)
+        except InvalidRecord:
+            return None
+        return bytes(payload) if ref in known else None
+
+
+#: a value's wire-format prefix: magic byte 0 and the 4-byte schema id (shorter for a value too short)
+_prefix = operator.itemgetter(slice(0, 5))
+_headers = operator.attrgetter("headers")
 
 
 def has_path(schema: Any, steps: Sequence[tuple[bool, str | int]]) -> bool:

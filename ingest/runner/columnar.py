@@ -20,7 +20,8 @@ The tier turns itself off for good when more than ``MAX_DECLINED_SHARE`` of the 
 ``REVIEW_RECORDS`` records it was offered had to go by rows (a stream it does not fit: fields no
 column reads, nested values...); it is logged at ``info``.
 
-:func:`columnar_tier` decides whether a pipeline can have the tier at all (plain JSON or Avro values, or
+:func:`columnar_tier` decides whether a pipeline can have the tier at all (plain JSON values, JSON Schema
+values (the JSON after the wire-format prefix: read as plain JSON, wherever plain JSON is) or Avro values, or
 at least once Debezium JSON change events with hard or soft deletes into one PostgreSQL table, whose plan is
 :class:`~ingest.cdc.columnar.ChangePlan` and whose records the row mapper handles without a row, a no-op
 tombstone or an ignored truncate, are done with the batch and counted as skipped --, a sink that
@@ -353,8 +354,12 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
         why = "exactly-once delivery with lanes above 1 into a table with a conflict key writes by rows"
     elif exactly_once and (p.has_deletes or p.envelope != "none"):
         why = "exactly-once delivery of change events or deletes writes by rows"
-    elif p.format not in ("json", "avro") or p.envelope not in ("none", "debezium"):
-        why = "it reads plain JSON or Avro values only (and Debezium change events in JSON)"
+    elif p.format not in ("json", "json_schema", "avro") or p.envelope not in ("none", "debezium"):
+        why = "it reads plain JSON, JSON Schema or Avro values only (and Debezium change events in JSON)"
+    elif p.format == "json_schema" and p.envelope != "none":
+        why = "JSON Schema change events (an envelope) are written by rows"
+    elif p.format == "json_schema" and p.transforms:
+        why = "a JSON Schema pipeline's transforms run on the row path (not tested on the tier yet)"
     elif p.format == "avro" and p.envelope != "none":
         why = "Avro change events (an envelope) are written by rows"
     elif p.format == "avro" and p.sink.kind != "postgres":

@@ -53,6 +53,13 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
        "protobuf lanes=1 1000 rows (1000 written)"),
       re.compile(r"^lanes=1 +protobuf +[\d,]+ +[\d,]+ +-?[\d.]+ +0\.0%$", re.MULTILINE),
       re.compile(r"^lanes=1 +protobuf/json +x[\d.]+ +x-?[\d.]+$", re.MULTILINE))),
+    # JSON and JSON Schema side by side: JSON Schema on the columnar tier (every record), and by rows
+    ("pg_pipeline.py", ["--records", "3000", "--naive-records", "100", "--rounds", "1", "--processes", "0",
+                        "--lanes", "1", "--format", "json+json_schema", "--no-wide", "--no-poison"],
+     (("json lanes=1 1000 rows (1000 written), lanes=1, rows 1000 rows (1000 written); "
+       "json_schema lanes=1 1000 rows (1000 written), lanes=1, rows 1000 rows (1000 written)"),
+      re.compile(r"^lanes=1 +json_schema +[\d,]+ +[\d,]+ +-?[\d.]+ +100\.0%$", re.MULTILINE),
+      re.compile(r"^lanes=1, rows +json_schema +[\d,]+ +[\d,]+ +-?[\d.]+ +0\.0%$", re.MULTILINE))),
     # the default (columnar) configuration and the row path beside it, each saying which path it took
     ("clickhouse_pipeline.py", ["--records", "3000", "--rounds", "1", "--lanes", "1"],
      ("(end-to-end tables: 1000 keys with FINAL, as expected; poison tables:", "ingest's own CPU per record (lanes=1)",

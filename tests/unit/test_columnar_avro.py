@@ -336,7 +336,8 @@ def test_an_avro_pipeline_states_the_columnar_tier_and_why_not_where_it_cannot(r
     nested = _pipeline(stand_in.url)
     nested.sink.columns["city"] = nested.sink.columns["note"].model_copy(update={"source": "$.shipping.city"})
     assert tier(nested).startswith("rows (column 'city' reads '$.shipping.city'")
-    assert tier(_pipeline(stand_in.url, format="protobuf")).startswith("rows (it reads plain JSON or Avro values only")
+    assert tier(_pipeline(stand_in.url, format="protobuf")).startswith(
+        "rows (it reads plain JSON, JSON Schema or Avro values only")
 
 
 def test_a_truncated_datum_is_dead_lettered_with_the_same_message_every_time(parts):

@@ -289,7 +289,8 @@ class ColumnarPlan:
                  transform: Any = None, record_key_orders: bool = True,
                  nested: dict[int, tuple[str, ...]] | None = None,
                  documents: Callable[[Sequence[Record], Sequence[str]], tuple[list[Sequence[Any]], set[int]]]
-                 | None = None) -> None:
+                 | None = None,
+                 payloads: Callable[[Sequence[Record], Sequence[bytes]], list[bytes | None]] | None = None) -> None:
         """``transform``: the pipeline's transforms compiled for the tier
         (:class:`ingest.core.transforms.columnar.ColumnarTransform`): the batch is decoded by its
         decoder and the columns read its results (``keys``: the document keys after the steps; no
@@ -306,7 +307,11 @@ class ColumnarPlan:
         records the decoder refused, exactly as the pipeline's decoder gives the row mapper its documents
         (the Avro decoder's ``decode_fields``, or :func:`document_fields` of a ``decode_batch``), and the
         columns read those top-level keys; no ``transform`` or
-        ``nested`` then, and every column's values are type-checked (nothing is known of them)."""
+        ``nested`` then, and every column's values are type-checked (nothing is known of them).
+        ``payloads``: the batch's values are JSON behind a prefix (``format: json_schema``):
+        ``payloads(records, values)`` gives each record's JSON text exactly as the pipeline's decoder
+        parses it, or None for a record that decoder does not vouch for (the row mapper's: rejected),
+        and the plan reads those texts as it reads plain JSON values (:meth:`_json_values`)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -329,6 +334,9 @@ class ColumnarPlan:
         self.nested = dict(nested)
         #: the decoder of a non-JSON format's batches (see ``documents`` above), or None: JSON lines
         self._documents = documents
+        #: the JSON texts of a format's values (see ``payloads`` above), or None: the values are JSON
+        self._payloads = payloads
+        assert documents is None or payloads is None, "a format's documents, or its JSON texts"
         if documents is not None:
             assert transform is None and not nested, "non-JSON documents: top-level fields, no transforms"
             decoded_as = [None] * len(keys)  # the documents' values are any Python objects: each checked
@@ -439,6 +447,9 @@ class ColumnarPlan:
         by_field: list[Sequence[Any]] = []
         if self._route_decode is not None:
             values = fields("value")
+            rejected: set[int] = set()
+            if self._payloads is not None:
+                values, rejected = self._json_values(records, [b"" if v is None else v for v in values])
             joined = b"\n".join(b"" if v is None else v for v in values)
             if None in values or joined.count(b"\n") != n - 1:
                 values = [b"" if v is None or b"\n" in v else v for v in values]
@@ -446,7 +457,6 @@ class ColumnarPlan:
             # No _skippable screen: a document whose skipped keys orjson refuses is poison, and poison
             # touches no row (its lane does not matter); every other document's key values are orjson's.
             docs: list[Any] = []
-            rejected: set[int] = set()
             self._decode(values, 0, docs, rejected, joined, self._route_decode, self._route_empty)
             for i in rejected:
                 unsure[i] = True
@@ -524,11 +534,13 @@ class ColumnarPlan:
                 return None
             _reject_non_finite(by_field, rejected)
             return self._columns(by_field, fields, rejected, n, {})
+        rejected: set[int] = set()
+        if self._payloads is not None:  # JSON behind a prefix (json_schema): the texts its decoder parses
+            values, rejected = self._json_values(records, values)
         joined = b"\n".join(values)
         if joined.count(b"\n") != n - 1:
             return None  # a value holds a newline: lines would not be records
         docs: list[Any] = []
-        rejected: set[int] = set()
         strict = None
         if _framed(joined, n):  # most batches: every record holds exactly the keys the columns read
             try:
@@ -546,6 +558,16 @@ class ColumnarPlan:
         if self._transform is not None:  # the transforms' results, and the records they filtered
             by_field, filtered = self._transform.apply(by_field, fields, rejected, n)
         return self._columns(by_field, fields, rejected, n, filtered)
+
+    def _json_values(self, records: Sequence[Record], values: Sequence[bytes]) -> tuple[list[bytes], set[int]]:
+        """With ``payloads``: the JSON text of each of ``values`` (the records' values, none None), and the
+        positions of the records its decoder does not vouch for (rejected: the row mapper's), an empty
+        object standing in for each of their texts."""
+        texts = self._payloads(records, values)  # type: ignore[misc]
+        if None not in texts:
+            return texts, set()  # type: ignore[return-value]
+        refused = {i for i, text in enumerate(texts) if text is None}
+        return [_NO_TEXT if text is None else text for text in texts], refused
 
     def build_fields(self, records: Sequence[Record], values: dict[str, list[Any]],
                      listed: dict[str, list[Any]] | None = None) -> ColumnarBatch | None:
@@ -861,6 +883,9 @@ def _reject_non_finite(by_field: list[Sequence[Any]], rejected: set[int]) -> Non
                 if type(v) is float and not math.isfinite(v):
                     rejected.add(i)
 
+
+#: the JSON text standing in for a value the format's decoder does not vouch for (``payloads``)
+_NO_TEXT = b"{}"
 
 #: a refused document's fields (every key missing)
 _NO_FIELDS: dict[str, Any] = {}

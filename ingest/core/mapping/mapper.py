@@ -193,7 +193,7 @@ class Mapper:
     __slots__ = ("column_names", "column_types", "_plan", "_needs_json", "_needs_object", "_key_getter", "_fast",
                  "_fast_doc", "_untyped", "_decoder", "_describe", "fast_misses", "_typed_misses", "_typed_offered",
                  "_typed_reviewed_misses", "_columnar_source", "_columnar_why", "_sources", "_columnar_nested",
-                 "_columnar_documents")
+                 "_columnar_documents", "_columnar_payloads")
 
     def __init__(self, columns: Mapping[str, ColumnSpec], key_path: str | None = None, *,
                  dialect: str | None = None, decoder: Decoder | None = None,
@@ -273,6 +273,9 @@ class Mapper:
         #: a non-JSON format's batch decoder the columnar plan reads documents with (its ``decode_batch``,
         #: when the decoder declares ``columnar_documents``), None for JSON
         self._columnar_documents: Any = None
+        #: a format whose values are JSON behind a prefix (json_schema): its ``columnar_payloads``, which the
+        #: columnar plan reads the JSON texts with; None for plain JSON and other formats
+        self._columnar_payloads: Any = getattr(self._decoder, "columnar_payloads", None)
         self._sources = sources
         if keys is not None and loads is orjson.loads:  # JSON values, every $ source one key: the typed tier
             dialects = {dialect or getattr(spec, "dialect", "postgres") for spec in columns.values()}
@@ -283,7 +286,7 @@ class Mapper:
             self._fast = compile_typed_map(fast_columns, keys, untyped=self._untyped, key_doc_key=key_doc_key,
                                            key_getter=self._key_getter, render_key=_render_key,
                                            misses=self._typed_misses)
-        elif loads is not orjson.loads:
+        elif loads is not orjson.loads and self._columnar_payloads is None:
             self._columnar_why = "its values are not JSON documents"
             if getattr(self._decoder, "columnar_documents", False):  # Avro: the plan reads its decoded documents
                 self._columnar_why = self._untyped_reason(fast_columns, key_path, key_doc_key, key_typed) \
@@ -296,7 +299,7 @@ class Mapper:
                         document_fields, self._decoder.decode_batch)
                 elif keys is not None:
                     self._columnar_why = "its columns mix dialects"
-        else:
+        else:  # JSON values (plain, or behind a prefix: columnar_payloads) the typed tier does not read
             self._columnar_why = self._untyped_reason(fast_columns, key_path, key_doc_key, key_typed)
             nested = self._nested_paths(fast_columns, parsed, key_path)
             dialects = {dialect or getattr(spec, "dialect", "postgres") for spec in columns.values()}
@@ -418,7 +421,7 @@ class Mapper:
             return None  # the steps' decoder reads top-level fields of JSON values
         return ColumnarPlan(self.column_names, columns, kinds, keys, key_index, version_index, transform=transform,
                             record_key_orders=self._key_getter is None, nested=self._columnar_nested,
-                            documents=self._columnar_documents)
+                            documents=self._columnar_documents, payloads=self._columnar_payloads)
 
     @property
     def typed(self) -> bool:
