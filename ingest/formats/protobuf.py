@@ -190,6 +190,9 @@ class ProtobufDecoder(RegistryDecoder):
     name = "protobuf"
     document = "a Protobuf message"
     registry_format = "serialized"
+    #: the columnar plan may read this decoder's documents (``decode_batch``: each message parsed by
+    #: protobuf and converted exactly as :meth:`decode` does; a record it refuses is left to the row mapper)
+    columnar_documents = True
     parse = staticmethod(parse_protobuf)
     has_path = staticmethod(lambda schema, steps: has_path(schema.descriptor(), steps))
 

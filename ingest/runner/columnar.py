@@ -338,6 +338,10 @@ def _deletes_refusal(p: PipelineSettings) -> str | None:
     return None
 
 
+#: How the reasons name a registry format.
+FORMAT_NAMES = {"avro": "Avro", "protobuf": "Protobuf"}
+
+
 def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_once: bool,
             mapper: Callable[[], Mapper]) -> tuple[str | None, ColumnarPlan | None, Mapper | None]:
     """``(why not, plan, row mapper)``: why the pipeline writes by rows (the first reason; None when
@@ -354,16 +358,16 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
         why = "exactly-once delivery with lanes above 1 into a table with a conflict key writes by rows"
     elif exactly_once and (p.has_deletes or p.envelope != "none"):
         why = "exactly-once delivery of change events or deletes writes by rows"
-    elif p.format not in ("json", "json_schema", "avro") or p.envelope not in ("none", "debezium"):
-        why = "it reads plain JSON, JSON Schema or Avro values only (and Debezium change events in JSON)"
+    elif p.format not in ("json", "json_schema", "avro", "protobuf") or p.envelope not in ("none", "debezium"):
+        why = "it reads plain JSON, JSON Schema, Avro or Protobuf values only (and Debezium change events in JSON)"
     elif p.format == "json_schema" and p.envelope != "none":
         why = "JSON Schema change events (an envelope) are written by rows"
     elif p.format == "json_schema" and p.transforms:
         why = "a JSON Schema pipeline's transforms run on the row path (not tested on the tier yet)"
-    elif p.format == "avro" and p.envelope != "none":
-        why = "Avro change events (an envelope) are written by rows"
-    elif p.format == "avro" and p.sink.kind != "postgres":
-        why = "Avro values go columnar into PostgreSQL only"
+    elif p.format in ("avro", "protobuf") and p.envelope != "none":
+        why = f"{FORMAT_NAMES[p.format]} change events (an envelope) are written by rows"
+    elif p.format in ("avro", "protobuf") and p.sink.kind != "postgres":
+        why = f"{FORMAT_NAMES[p.format]} values go columnar into PostgreSQL only"
     elif p.has_deletes and (why := _deletes_refusal(p)) is not None:
         pass
     elif rule.key_index is not None and (rule.keep != "last" or (rule.merge_deletes and not p.has_deletes)):

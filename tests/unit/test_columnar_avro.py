@@ -221,6 +221,7 @@ def values(draw: st.DrawFn, ids: dict[str, int]) -> bytes:
 COMPARED = {"columnar": 0, "by rows": 0}
 
 
+@pytest.mark.xdist_group("columnar-avro-differential")  # with its check, on one worker (--dist loadgroup)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(data=st.data())
@@ -248,6 +249,7 @@ def test_the_plan_writes_what_the_row_path_writes(parts, data):
     assert {item.record.offset: (f.stage, f.error_class, f.message) for item, f in planned.poison} == poison
 
 
+@pytest.mark.xdist_group("columnar-avro-differential")  # with its check, on one worker (--dist loadgroup)
 def test_the_differential_compared_columnar_batches():
     """Runs after it (file order): the comparison must not have been skipped every time."""
     assert COMPARED["columnar"] >= 30, COMPARED
@@ -336,8 +338,8 @@ def test_an_avro_pipeline_states_the_columnar_tier_and_why_not_where_it_cannot(r
     nested = _pipeline(stand_in.url)
     nested.sink.columns["city"] = nested.sink.columns["note"].model_copy(update={"source": "$.shipping.city"})
     assert tier(nested).startswith("rows (column 'city' reads '$.shipping.city'")
-    assert tier(_pipeline(stand_in.url, format="protobuf")).startswith(
-        "rows (it reads plain JSON, JSON Schema or Avro values only")
+    assert tier(_pipeline(stand_in.url, format="protobuf", envelope="debezium")) == \
+        "rows (Protobuf change events (an envelope) are written by rows)"
 
 
 def test_a_truncated_datum_is_dead_lettered_with_the_same_message_every_time(parts):
@@ -400,6 +402,7 @@ def hostile_datums(draw: st.DrawFn) -> bytes:
     return draw(st.binary(max_size=40))
 
 
+@pytest.mark.xdist_group("columnar-avro-batch-reader")  # with its check, on one worker (--dist loadgroup)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(hostile_datums(), min_size=1, max_size=12))
 def test_the_batch_reader_gives_fastavros_values_or_leaves_the_datum_to_it(datums):
@@ -435,6 +438,7 @@ def test_the_batch_reader_gives_fastavros_values_or_leaves_the_datum_to_it(datum
 BATCH_READ = {"read": 0, "doubted": 0}
 
 
+@pytest.mark.xdist_group("columnar-avro-batch-reader")  # with its check, on one worker (--dist loadgroup)
 def test_the_batch_reader_read_most_clean_datums_itself():
     assert BATCH_READ["read"] >= 300 and BATCH_READ["doubted"] <= BATCH_READ["read"] // 5, BATCH_READ
 

@@ -123,6 +123,7 @@ def _tier(plan, mapper: Mapper) -> ColumnarTier:
 COMPARED = {"columnar": 0, "by rows": 0, "routed": 0}
 
 
+@pytest.mark.xdist_group("columnar-json-schema-differential")  # with its check, on one worker (--dist loadgroup)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(data=st.data())
@@ -151,6 +152,7 @@ def test_the_plan_writes_what_the_row_path_writes(parts, data):
     assert {item.record.offset: (f.stage, f.error_class, f.message) for item, f in planned.poison} == poison
 
 
+@pytest.mark.xdist_group("columnar-json-schema-differential")  # with its check, on one worker (--dist loadgroup)
 def test_the_differential_compared_columnar_batches():
     """Runs after it (file order): the comparison must not have been skipped every time."""
     assert COMPARED["columnar"] >= 30 and COMPARED["routed"] >= 40, COMPARED
@@ -217,5 +219,5 @@ def test_a_json_schema_pipeline_states_the_columnar_tier_and_why_not_where_it_ca
         "rows (JSON Schema change events (an envelope) are written by rows)"
     assert tier(_pipeline(stand_in.url, transforms=[{"set": {"label": "'x'"}}])).startswith(
         "rows (a JSON Schema pipeline's transforms run on the row path")
-    assert tier(_pipeline(stand_in.url, format="protobuf")).startswith(
-        "rows (it reads plain JSON, JSON Schema or Avro values only")
+    assert tier(_pipeline(stand_in.url, format="protobuf", envelope="debezium")) == \
+        "rows (Protobuf change events (an envelope) are written by rows)"
