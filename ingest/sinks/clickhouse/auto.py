@@ -226,12 +226,19 @@ class ClickHouseAutoTables:
         """How table ``name`` is made: in the sink's database, versioned (when keyed) by its ``tables:``
         entry's ``version_column`` (a column of its records), else the sink's ``version:`` column,
         else the hidden ``_version`` (the Kafka offset)."""
-        own = getattr(table_override(name, self._overrides), "version_column", None)
-        version = self._cfg.version
-        column, type_text = (own, "UInt64") if own is not None else \
-            (version.column, version.type) if version is not None else (CH_DEFAULT_VERSION_COLUMN, "UInt64")
+        column, type_text = self._version_of(name)
         return ClickHouseTable(name, database=self._cfg.database, version_column=column, version_type=type_text,
                                deletes=self._deletes, deduplication_window=window)
+
+    def _version_of(self, name: str) -> tuple[str, str]:
+        """``(column, type)`` of table ``name``'s version (see :meth:`where`); the type is the one the sink
+        adds the column with (a table's own version column is its records' and keeps their type)."""
+        own = getattr(table_override(name, self._overrides), "version_column", None)
+        if own is not None:
+            return own, "UInt64"
+        if self._cfg.version is not None:
+            return self._cfg.version.column, self._cfg.version.type
+        return CH_DEFAULT_VERSION_COLUMN, "UInt64"
 
     def known(self, name: str) -> AutoTable | None:
         return self._tables.get(name)
