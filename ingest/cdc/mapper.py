@@ -79,7 +79,7 @@ def _auto_mapper(settings: PipelineSettings, decoder: Decoder | None, key_decode
         return column_coercer(ColumnSpec(type=type_text, required=not nullable), dialect)
 
     soft = settings.deletes.soft_column if settings.has_deletes and settings.deletes.mode == "soft" else None
-    auto_version = getattr(settings.sink, "version", None)  # PostgreSQL only
+    auto_version = getattr(settings.sink, "version", None)  # the sink's version: (PostgreSQL, ClickHouse)
     reserved = _reserved_columns(dialect, getattr(auto_version, "column", None))
     version = None
     if auto_version is not None:  # one column's mapper: "@source.PATH" reads the block map() passes

@@ -1,5 +1,6 @@
 """``tables:`` entries of a ``columns: auto`` sink: what one table (or the tables a glob matches) takes
-instead of what its records' schemas say (README "Per-table overrides").
+instead of what its records' schemas say (README "Per-table overrides"), and the sink's ``version:``
+(:class:`AutoVersionBase`).
 
 The sink kinds subclass these with their own column types (:class:`ColumnOverrideBase`) and what only
 they can do (PostgreSQL: ``deletes``). The mapper (:mod:`ingest.mirror.auto`) and the sinks read them
@@ -9,13 +10,16 @@ first glob (in the order written) that matches it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
 from ingest.config.base import SOURCE_RE, Frozen, check_identifier
 
-__all__ = ["ColumnOverrideBase", "TableOverrideBase"]
+__all__ = ["AutoVersionBase", "ColumnOverrideBase", "TableOverrideBase", "tables_versioned"]
+
+#: Column names starting with this are ingest's own (hidden source columns, carriers, delete marks).
+RESERVED_PREFIX = "_ingest_"
 
 
 class ColumnOverrideBase(Frozen):
@@ -66,3 +70,34 @@ class TableOverrideBase(Frozen):
             if self.conflict_key and self.version_column in self.conflict_key:
                 raise ValueError("version_column is a key column: a key's version never changes")
         return self
+
+
+class AutoVersionBase(Frozen):
+    """``version`` of a ``columns: auto`` sink: every keyed table gets column ``column`` holding ``source``
+    (``@source.PATH`` of a change event, or record metadata such as ``@timestamp``) -- an update applies
+    only when it is not older (PostgreSQL: the upsert's guard; ClickHouse: the table's
+    ``ReplacingMergeTree`` version), the highest of a batch wins, and a record without one is poison.
+    A table's own ``tables.NAME.version_column`` replaces it. The sink kinds add ``type`` (their types)."""
+
+    column: str
+    source: str
+
+    @field_validator("column")
+    @classmethod
+    def _column(cls, value: str) -> str:
+        if value.startswith(RESERVED_PREFIX):
+            raise ValueError(f"names starting with {RESERVED_PREFIX!r} are reserved for ingest")
+        return check_identifier(value)
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if not value.startswith("@"):
+            raise ValueError("the version comes from @source.PATH or record metadata (@offset, @timestamp)")
+        return value
+
+
+def tables_versioned(tables: Any) -> bool:
+    """Raw ``tables:`` entries of which one names a ``version_column`` (the carriers then have a version)."""
+    return isinstance(tables, dict) and any(isinstance(o, dict) and o.get("version_column") is not None
+                                            for o in tables.values())

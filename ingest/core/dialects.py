@@ -108,6 +108,22 @@ def ch_type(type_name: str) -> ChType:
     return result
 
 
+def ch_version_refusal(type_name: str) -> str | None:
+    """Why a ReplacingMergeTree cannot be versioned by a column of ClickHouse type ``type_name`` (a
+    reason to follow the type's name), or None when it can: an integer (``UInt8``-``64`` or
+    ``Int8``-``64``), ``Date`` or ``DateTime64`` -- never ``Nullable``. What the servers take: ClickHouse
+    18.16 and the chDB engine (26.9) both take signed integers; ``DateTime64`` needs a server from 20.x on."""
+    try:
+        t = ch_type(type_name)
+    except ValueError as exc:
+        return str(exc)
+    if t.nullable:
+        return "ReplacingMergeTree refuses a Nullable version"
+    if t.kind not in ("int", "date", "datetime64"):
+        return "ReplacingMergeTree takes an integer (UInt8-64, Int8-64), Date or DateTime64 version"
+    return None
+
+
 class _ChTypeParser:
     """A recursive-descent parser over the tokens of one ClickHouse type name."""
 

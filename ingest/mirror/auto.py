@@ -27,8 +27,11 @@ by key, lanes, isolation, replay, exactly-once) works unchanged; only the sink o
   coerced by the column type's coercer (the row mapper's, so a value is poison here exactly when it
   would be with a hand-written column list); None for a delete;
 - ``stream``, ``offset``: where the record was read (the hidden source columns: the order guard);
-- ``version``, only with the sink's ``version:``: the record's version (``@source.lsn``, ...), the
-  same for every table -- collapse keeps the highest, and the upsert's guard never applies an older one.
+- ``version``, only with the sink's ``version:`` or a ``tables:`` entry's ``version_column``: the
+  record's version -- the sink's (``@source.lsn``, ...), or its table's own column's as
+  :func:`version_key` makes it (0 for a table without either) -- collapse keeps the highest, and the
+  sink never applies an older one (PostgreSQL: the upsert's guard; ClickHouse: the table's
+  ``ReplacingMergeTree`` version). The sink writes :func:`version_value` of it.
 
 A delete is a :class:`~ingest.types.DeleteRow` carrier whose ``values`` is None (its key and source
 only): a soft delete that collapse merges with an earlier upsert takes that upsert's values, which
@@ -49,17 +52,18 @@ from typing import Any
 import orjson
 
 from ingest.cdc.debezium import _PAYLOAD_KEY, _SCHEMA_HEAD, SchemaParts, unwrap, unwrap_key
+from ingest.core.dialects import ch_version_refusal
 from ingest.core.mapping.common import _Bad
 from ingest.core.routing import stream_id
 from ingest.errors import IngestError, InvalidRecord, NoChange
 from ingest.formats import wire
 from ingest.mirror.errors import SchemaIncompatible
-from ingest.mirror.names import check_column
+from ingest.mirror.names import CLICKHOUSE, check_column
 from ingest.mirror.shape import Column, Shape, shape_from_avro, shape_from_connect, shape_from_json_schema, shape_from_protobuf
 from ingest.types import DeleteRow, Record
 
 __all__ = ["AutoMapper", "CARRIER_KEY", "RowShape", "ShapedValues", "TableRules", "carrier_columns", "carrier_values",
-           "override_for"]
+           "override_for", "table_override", "version_key", "version_value"]
 
 #: The carrier columns (see the module docstring); the sink adds its hidden source columns after them.
 CARRIER_KEY, CARRIER_SHAPE, CARRIER_VALUES = "_ingest_key", "_ingest_shape", "_ingest_values"
@@ -208,6 +212,18 @@ def version_key(value: Any) -> tuple[int, Any]:
     if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
         return 0, value
     return 3, value  # text (_ORDERABLE admits no other type)
+
+
+def version_value(version: Any) -> Any:
+    """What the sink writes of a carrier's version: a table's own version's value (:func:`version_key`),
+    else the sink's ``version:`` value as it is."""
+    return version[1] if type(version) is tuple else version
+
+
+def table_override(table: str, overrides: Sequence[tuple[str, Any]]) -> Any:
+    """The ``tables:`` entry of ``table`` (:func:`override_for`'s entry alone), or None."""
+    found = override_for(table, overrides) if overrides else None
+    return found[1] if found is not None else None
 
 
 def override_for(table: str, overrides: Sequence[tuple[str, Any]]) -> tuple[str, Any] | None:
@@ -555,7 +571,23 @@ def _overridden(shape: Shape, rules: TableRules) -> Shape:
     if version is not None and not _ORDERABLE.match(version.type):
         raise SchemaIncompatible("version_type", f"the version column {rules.version!r} is {version.type}: a "
                                  "version is a number, a timestamp, a date or text")
+    if version is not None and shape.dialect == CLICKHOUSE:
+        shape = _clickhouse_version(shape, version)
     return shape
+
+
+def _clickhouse_version(shape: Shape, version: Column) -> Shape:
+    """``shape`` with its own version column ``version`` as a ClickHouse table takes it: the table's
+    ``ReplacingMergeTree`` version, so NOT NULL (a record without a version is poison anyway, and
+    ReplacingMergeTree refuses a Nullable one) and of a type ReplacingMergeTree takes -- else
+    SchemaIncompatible ``version_type`` (the records are dead-lettered; ``tables.NAME.columns`` can give
+    the column such a type)."""
+    refusal = ch_version_refusal(version.type)
+    if refusal is not None:
+        raise SchemaIncompatible("version_type", f"the version column {version.name!r} is {version.type}: "
+                                 f"{refusal} (give it such a type in tables.NAME.columns)")
+    return Shape(shape.dialect, tuple(dataclasses.replace(c, nullable=False) if c is version else c
+                                      for c in shape.columns), shape.key)
 
 
 def _json_schema_after(root: Any) -> Any:

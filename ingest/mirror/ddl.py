@@ -38,7 +38,10 @@ needs that statement it was no race: the server's error is raised. The table is 
 ``ingest migrate`` create: ``ReplacingMergeTree(version)`` (``ReplacingMergeTree(version,
 _ingest_deleted)`` with deletes) ``ORDER BY`` the key, with ``non_replicated_deduplication_window``;
 the version column (default ``_version UInt64``, fed from the Kafka offset) is added when the shape
-lacks it. A keyless (append-only) table is ``MergeTree ORDER BY tuple()``. The key is read back from
+lacks it. An existing keyed table whose engine is not that ``ReplacingMergeTree`` -- versioned by
+another column or by insertion order, or without the delete mark a table with deletes needs -- is
+``incompatible`` (:meth:`ClickHouseTable.engine_refusal`): its merges would keep rows by a rule the
+records were not written for. A keyless (append-only) table is ``MergeTree ORDER BY tuple()``. The key is read back from
 ``system.columns.is_in_sorting_key``; columns come in their table order; ``MATERIALIZED`` and
 ``ALIAS`` columns are not part of a shape (nothing writes them).
 
@@ -73,8 +76,8 @@ from ingest.core.dialects import ch_quote_ident as quote_ident
 
 __all__ = [
     "MAX_ROUNDS", "ClickHouseTable", "DdlResult", "clickhouse_statements", "clickhouse_tables", "ensure_clickhouse",
-    "ensure_postgres", "lock_key", "postgres_statements", "postgres_tables", "read_clickhouse_shape",
-    "read_postgres_shape",
+    "engine_arguments", "ensure_postgres", "lock_key", "postgres_statements", "postgres_tables",
+    "read_clickhouse_shape", "read_clickhouse_table", "read_postgres_shape",
 ]
 
 #: Attempts (lost races included) before giving up with a TransientError.
@@ -100,6 +103,8 @@ class DdlResult:
     shape: Shape | None
     incompatible: Incompatible | None = None
     dry_run: bool = False
+    #: ClickHouse: the existing table's ``engine_full`` as read (None: no table, or PostgreSQL)
+    engine: str | None = None
 
 
 def _action(p: Plan | Incompatible) -> Action:
@@ -282,19 +287,85 @@ class ClickHouseTable:
     version_column: str = "_version"
     deletes: bool = False
     deduplication_window: int | None = 1000
+    #: the version column's type when the sink adds it (a shape's own version column keeps its type)
+    version_type: str = "UInt64"
 
     def managed_columns(self, shape: Shape) -> tuple[Column, ...]:
         """The columns the sink adds to a keyed table: the version column (unless the shape has it)
         and, with deletes, ``_ingest_deleted``."""
         if not shape.key:
             return ()
-        out = [] if shape.column(self.version_column) else [Column(self.version_column, "UInt64", False)]
+        out = [] if shape.column(self.version_column) else [Column(self.version_column, self.version_type, False)]
         if self.deletes:
-            out.append(Column("_ingest_deleted", "UInt8", False))
+            out.append(Column(_DELETED, "UInt8", False))
         return tuple(out)
+
+    def engine_refusal(self, engine_full: str) -> str | None:
+        """Why an existing keyed table of engine ``engine_full`` (``system.tables.engine_full``) is not
+        made as this one is (None: it is): it must be a ``ReplacingMergeTree`` versioned by
+        ``version_column`` and, with deletes, marked by ``_ingest_deleted``. A table versioned by another
+        column keeps, on merge and with ``FINAL``, the row of the highest value *there*, not of the
+        version the records carry: writing into it would look right until the first merge."""
+        name, args = engine_arguments(engine_full)
+        if not name.endswith("ReplacingMergeTree"):
+            return f"its engine is {name}, not ReplacingMergeTree({_quote(self.version_column)}): ingest never " \
+                   "writes a keyed table it cannot version"
+        args = [a for a in args if not a.startswith("'")]  # a Replicated engine's path and replica name
+        version = args[0] if args else None
+        if version != self.version_column:
+            by = f"column {version!r}" if version else "insertion order"
+            return f"it is versioned by {by}, not by {self.version_column!r} (ReplacingMergeTree" \
+                   f"({_quote(self.version_column)}) as this pipeline makes it): re-create it, or version the " \
+                   "pipeline as the table is"
+        if self.deletes and (len(args) < 2 or args[1] != _DELETED):
+            return f"its ReplacingMergeTree has no {_DELETED!r} mark: the pipeline's deletes would not hide rows"
+        return None
 
 
 _quote = quote_ident
+#: The delete mark of a keyed table with deletes (``ReplacingMergeTree(version, _ingest_deleted)``).
+_DELETED = "_ingest_deleted"
+
+
+def engine_arguments(engine_full: str) -> tuple[str, list[str]]:
+    """``(engine name, its arguments)`` of ``system.tables.engine_full``: ``ReplacingMergeTree(`v`, d)
+    ORDER BY ...`` → ``("ReplacingMergeTree", ["v", "d"])``; backquoted names unquoted, string literals
+    kept with their quotes."""
+    match = re.match(r"\s*(\w+)", engine_full)
+    name = match.group(1) if match else ""
+    rest = engine_full[match.end():] if match else ""
+    if not rest.startswith("("):
+        return name, []
+    args: list[str] = []
+    current: list[str] = []
+    quote: str | None = None
+    i = 1
+    while i < len(rest):
+        ch = rest[i]
+        if quote is not None:
+            if ch == "\\" and i + 1 < len(rest):
+                i += 1
+                current.append(rest[i] if quote == "`" else ch + rest[i])
+            elif ch == quote:
+                quote = None
+                if ch == "'":
+                    current.append(ch)
+            else:
+                current.append(ch)
+        elif ch in "`'":
+            quote = ch
+            if ch == "'":
+                current.append(ch)
+        elif ch in ",)":
+            if current or ch == ",":
+                args.append("".join(current).strip())
+            current = []
+            if ch == ")":
+                break
+        else:
+            current.append(ch)
+        i += 1
+    return name, args
 
 
 def _ch_ddl_type(shape: Shape, c: Column) -> str:
@@ -369,8 +440,14 @@ def clickhouse_tables(client: Any, database: str) -> list[str]:
 def read_clickhouse_shape(client: Any, database: str, table: str) -> Shape | None:
     """The shape of ``database.table`` from ``system.tables`` / ``system.columns`` (clickhouse-connect
     client), or None when there is no such table. Raises the client's errors as they come."""
+    found = read_clickhouse_table(client, database, table)
+    return found[0] if found is not None else None
+
+
+def read_clickhouse_table(client: Any, database: str, table: str) -> tuple[Shape, str] | None:
+    """``(shape, engine_full)`` of ``database.table`` (see :func:`read_clickhouse_shape`), or None."""
     where = {"db": database, "t": table}
-    rows = client.query("SELECT sorting_key FROM system.tables WHERE database = %(db)s AND name = %(t)s",
+    rows = client.query("SELECT sorting_key, engine_full FROM system.tables WHERE database = %(db)s AND name = %(t)s",
                         parameters=where).result_rows
     if not rows:
         return None
@@ -389,7 +466,7 @@ def read_clickhouse_shape(client: Any, database: str, table: str) -> Shape | Non
             in_key.append(name)
     order = _split_key(str(rows[0][0] or ""))
     key = sorted(in_key, key=lambda k: order.index(k) if k in order else len(order))
-    return Shape(CLICKHOUSE, tuple(columns), tuple(key))
+    return Shape(CLICKHOUSE, tuple(columns), tuple(key)), str(rows[0][1] or "")
 
 
 #: ClickHouse error codes of a DDL that may have lost a race: DUPLICATE_COLUMN (ILLEGAL_COLUMN on
@@ -415,6 +492,18 @@ class KeyedLocks:
 _ch_lock = KeyedLocks()
 
 
+def _ch_plan(client: Any, where: ClickHouseTable, wanted: Shape, mode: Evolve,
+             ) -> tuple[Shape | None, str | None, Plan | Incompatible]:
+    """``(existing shape, its engine_full, plan)`` of ``where`` for ``wanted`` (managed columns
+    included): Incompatible when the columns cannot take it or the engine is not ``where``'s."""
+    found = read_clickhouse_table(client, where.database, where.table)
+    existing, engine = found if found is not None else (None, None)
+    refusal = where.engine_refusal(engine) if existing is not None and existing.key and engine is not None else None
+    if refusal is not None:
+        return existing, engine, Incompatible((refusal,))
+    return existing, engine, plan(existing, wanted, mode)
+
+
 def ensure_clickhouse(client: Any, where: ClickHouseTable, wanted: Shape, mode: Evolve = "add_columns", *,
                       dry_run: bool = False) -> DdlResult:
     """Make ``where.database``.``where.table`` fit ``wanted`` (plus the version / deletes columns of
@@ -427,22 +516,22 @@ def ensure_clickhouse(client: Any, where: ClickHouseTable, wanted: Shape, mode: 
     name = f"{where.database}.{where.table}"
     try:
         if dry_run:
-            existing = read_clickhouse_shape(client, where.database, where.table)
-            p = plan(existing, wanted, mode)
+            existing, engine, p = _ch_plan(client, where, wanted, mode)
             if isinstance(p, Incompatible):
-                return DdlResult(where.table, "incompatible", (), existing, p, dry_run=True)
-            return DdlResult(where.table, _action(p), tuple(clickhouse_statements(where, p)), p.shape, dry_run=True)
+                return DdlResult(where.table, "incompatible", (), existing, p, dry_run=True, engine=engine)
+            return DdlResult(where.table, _action(p), tuple(clickhouse_statements(where, p)), p.shape, dry_run=True,
+                             engine=engine)
         with _ch_lock((where.database, where.table)):
             ran: list[str] = []
             first: Action | None = None
             failed: tuple[str, Exception] | None = None
             for _ in range(MAX_ROUNDS):
-                existing = read_clickhouse_shape(client, where.database, where.table)
-                p = plan(existing, wanted, mode)
+                existing, engine, p = _ch_plan(client, where, wanted, mode)
                 if isinstance(p, Incompatible):
-                    return DdlResult(where.table, "incompatible", tuple(ran), existing, p)
+                    return DdlResult(where.table, "incompatible", tuple(ran), existing, p, engine=engine)
                 if p.empty:
-                    return DdlResult(where.table, first if (first and ran) else "unchanged", tuple(ran), existing)
+                    return DdlResult(where.table, first if (first and ran) else "unchanged", tuple(ran), existing,
+                                     engine=engine)
                 statements = clickhouse_statements(where, p)
                 if failed is not None and failed[0] in statements:
                     raise failed[1]  # not a lost race after all: the catalog still lacks what it refused

@@ -19,7 +19,7 @@ from ingest.config import PipelineSettings
 from ingest.core.collapse import collapse
 from ingest.core.dialects import ch_type
 from ingest.errors import InvalidRecord
-from ingest.mirror.auto import KEY_AT, SHAPE_AT, VALUES_AT
+from ingest.mirror.auto import KEY_AT, SHAPE_AT, VALUES_AT, VERSION_AT
 from ingest.mirror.ddl import ClickHouseTable
 from ingest.mirror.router import table_of
 from ingest.mirror.shape import Column, Shape, union
@@ -67,15 +67,56 @@ def test_columns_auto_in_clickhouse_becomes_the_carrier_columns_ordered_by_the_k
 @pytest.mark.parametrize(("sink", "says"), [
     ({"order_by": ["id"]}, "order_by: auto"),
     ({"conflict_key": ["id"]}, "conflict_key: auto"),
-    ({"version_column": "lsn"}, "version_column: not supported with columns: auto"),
+    ({"version_column": "lsn"}, "version: {column: NAME, source: '@source.lsn'}"),
     ({"cluster": "c1"}, "cluster: not supported with columns: auto"),
-    ({"version": {"column": "lsn", "source": "@source.lsn"}}, "version: not supported with columns: auto"),
     ({"evolve": "sometimes"}, "evolve"),
+    ({"version": {"column": "lsn", "source": "@source.lsn", "type": "Nullable(UInt64)"}},
+     "ReplacingMergeTree refuses a Nullable version"),
+    ({"version": {"column": "lsn", "source": "@source.lsn", "type": "String"}},
+     "ReplacingMergeTree takes an integer (UInt8-64, Int8-64), Date or DateTime64 version"),
+    ({"version": {"column": "lsn", "source": "@source.lsn", "type": "Float64"}}, "takes an integer"),
+    ({"version": {"column": "lsn", "source": "@source.lsn", "type": "DateTime"}}, "unsupported column type"),
+    ({"version": {"column": "_version", "source": "@offset"}}, "the hidden version of tables versioned by the Kafka"),
+    ({"version": {"column": "_ingest_lsn", "source": "@offset"}}, "reserved for ingest"),
+    ({"version": {"column": "lsn", "source": "$.lsn"}}, "@source.PATH or record metadata"),
+    ({"tables": {"t": {"version_column": "seq", "on_conflict": "none"}}}, "an append-only table has no version"),
 ])
 def test_clickhouse_columns_auto_cannot_take_say_why(sink: dict[str, Any], says: str) -> None:
     with pytest.raises(ValidationError) as err:
         settings(sink=sink)
     assert says in str(err.value)
+
+
+@pytest.mark.parametrize("type_text", ["UInt64", "UInt8", "Int64", "Int32", "Date", "DateTime64(3)", "DateTime64(6, 'UTC')"])
+def test_a_sink_wide_version_makes_a_carrier_version_the_collapse_version(type_text: str) -> None:
+    """``version:`` of any type a ReplacingMergeTree version may have (both servers here take signed
+    integers): the carriers get the version slot, collapse keeps its highest; the mapper fills it."""
+    p = settings(sink={"version": {"column": "lsn", "source": "@source.lsn", "type": type_text}})
+    assert list(p.sink.columns)[-1] == "_ingest_version" and p.sink.version_column == "_ingest_version"
+    assert p.sink.version is not None and p.sink.version.column == "lsn"
+    assert p.collapse_rule().version_index == 5
+    assert settings(sink={"version": {"column": "lsn", "source": "@source.lsn"}}).sink.version.type == "UInt64"
+
+
+def test_a_table_version_column_gives_every_carrier_a_version_slot() -> None:
+    p = settings(sink={"tables": {"orders": {"version_column": "seq"}}})
+    assert p.sink.version is None and p.sink.version_column == "_ingest_version"
+    assert p.collapse_rule().version_index == 5
+
+
+def test_version_and_tables_go_with_columns_auto_and_survive_a_dump() -> None:
+    from ingest.config import Settings
+
+    with pytest.raises(ValidationError) as err:
+        PipelineSettings.model_validate({"name": "m", "topics": ["t"], "sink": {
+            "kind": "clickhouse", "table": "t", "order_by": ["id"], "columns": {"id": {"type": "Int64"}},
+            "version": {"column": "lsn", "source": "@offset"}}})
+    assert "version: goes with columns: auto" in str(err.value)
+    p = settings(sink={"version": {"column": "lsn", "source": "@source.lsn", "type": "UInt32"},
+                       "tables": {"o*": {"version_column": "seq"}}})
+    again = Settings.model_validate({"pipelines": [p.model_dump(by_alias=True)]}).pipelines[0]
+    assert again.sink.version == p.sink.version and again.sink.tables == p.sink.tables
+    assert list(again.sink.columns) == list(p.sink.columns) and again.sink.version_column == "_ingest_version"
 
 
 def test_order_by_auto_needs_columns_auto() -> None:
@@ -123,6 +164,42 @@ def test_collapse_keeps_the_highest_offset_of_a_key_per_table_a_delete_included(
         ("items", 1, True), ("other", 3, False)]
 
 
+def test_a_table_version_column_is_not_null_of_a_replacing_merge_tree_version_type_or_schema_incompatible() -> None:
+    """ClickHouse: a table's own version column is its ReplacingMergeTree version -- NOT NULL (its null is
+    poison, as a missing one) and an integer, Date or DateTime64 (else the record is schema_incompatible)."""
+    seq = (*FIELDS, Field("seq", "int64"), Field("code", "string"), Field("ratio", "float64"))
+    m = mapper_for(settings(sink={"tables": {"items": {"version_column": "seq"}, "texts": {"version_column": "code"},
+                                             "floats": {"version_column": "ratio"}}}))
+    row, _ = m.map(event("c", 1, fields=seq, seq=7, code="c", ratio=0.5))
+    assert row[SHAPE_AT].shape.column("seq").nullable is False and row[VERSION_AT] == (0, 7)
+    with pytest.raises(InvalidRecord) as err:
+        m.map(event("c", 1, fields=seq, seq=None, code="c", ratio=0.5))
+    assert err.value.error_class == "missing_field" and "seq" in err.value.message
+    for table, column, type_text in (("texts", "code", "String"), ("floats", "ratio", "Float64")):
+        with pytest.raises(InvalidRecord) as err:
+            m.map(event("c", 1, fields=seq, table=table, seq=1, code="c", ratio=0.5))
+        assert err.value.error_class == "schema_incompatible", err.value
+        assert err.value.message.startswith(f"the version column {column!r} is {type_text}: ReplacingMergeTree "
+                                            "takes an integer") and "tables.NAME.columns" in err.value.message
+    retyped = mapper_for(settings(sink={"tables": {"texts": {"version_column": "code",
+                                                             "columns": {"code": {"type": "UInt32"}}}}}))
+    with pytest.raises(InvalidRecord):  # a text that is no number is poison naming the column
+        retyped.map(event("c", 1, fields=seq, table="texts", seq=1, code="c", ratio=0.5))
+    assert retyped.map(event("c", 1, fields=seq, table="texts", seq=1, code="12", ratio=0.5))[0][VERSION_AT] == (0, 12)
+
+
+def test_collapse_keeps_the_highest_version_a_delete_included_with_the_sink_version() -> None:
+    p = settings(sink={"version": {"column": "lsn", "source": "@source.lsn"}})
+    m = mapper_for(p)
+    rows = [m.map(event("u", 1, "new", offset=5))[0], m.map(event("u", 1, "old", offset=2))[0],
+            m.map(event("d", 2, offset=9))[0], m.map(event("u", 2, "older", offset=3))[0]]
+    assert [r[VERSION_AT] for r in rows] == [5, 2, 9, 3]  # the events' lsn (offset= sets it in event())
+    failed, groups = collapse([Item(None, row, None, 0, 1) for row in rows], p.collapse_rule())  # type: ignore[arg-type]
+    kept = [g[0].row for g in groups]
+    assert failed == [] and [(r[KEY_AT], r[VERSION_AT], type(r) is DeleteRow) for r in kept] == [
+        ((1,), 5, False), ((2,), 9, True)]
+
+
 # --------------------------------------------------------------------------- carriers → an insert
 
 
@@ -165,6 +242,37 @@ def test_insert_data_puts_values_by_name_with_version_delete_mark_and_fillers() 
                                             "Nullable(Decimal(12, 2))", "Nullable(String)", "UInt64", "UInt8"]
 
 
+def test_insert_data_writes_the_carrier_version_deletes_included_into_the_tables_version_column() -> None:
+    """The sink's ``version:`` column and a table's own version column hold the carrier's version (a
+    delete's too); ``where`` names them, and their type when the sink adds the column."""
+    sink_wide = settings(sink={"version": {"column": "lsn", "source": "@source.lsn", "type": "UInt32"},
+                               "tables": {"own": {"version_column": "seq"}}})
+    auto = ClickHouseAutoTables(sink_wide.sink, True)
+    assert (auto.where("items", None).version_column, auto.where("items", None).version_type) == ("lsn", "UInt32")
+    assert auto.where("own", None).version_column == "seq"
+    m = mapper_for(sink_wide)
+    rows = [m.map(event("c", 1, "a", offset=10))[0], m.map(event("d", 2, offset=12))[0]]
+    wanted = rows[0][SHAPE_AT].shape
+    where = auto.where("items", None)
+    t = _table("items", wanted.with_columns(where.managed_columns(wanted)), where)
+    got = dict(zip((data := auto.insert_data(t, rows)).names, data.columns))
+    assert got["lsn"] == [10, 12] and got["_ingest_deleted"] == [0, 1] and "_version" not in got
+    assert data.types[data.names.index("lsn")].name == "UInt32"
+
+    seq = (*FIELDS, Field("seq", "int64"))
+    own = [m.map(event("c", 1, "a", fields=seq, table="own", seq=7))[0],
+           m.map(Record("db.public.own", 0, 3, encode_key({"id": 2}, fields=KEY, schemas=True, table="own"),
+                        encode_event("d", {"id": 2, "seq": 9}, None, fields=seq, lsn=3, ts_ms=1, schemas=True,
+                                     table="own"), 0))[0]]
+    where = auto.where("own", None)
+    shape = own[0][SHAPE_AT].shape
+    t = _table("own", shape.with_columns(where.managed_columns(shape)), where)
+    assert [c.name for c in t.shape.columns if c.name in ("lsn", "_version")] == []  # only its own version
+    got = dict(zip((data := auto.insert_data(t, own)).names, data.columns))
+    assert got["seq"] == [7, 9] and got["_ingest_deleted"] == [0, 1]
+    assert data.types[data.names.index("seq")].name == "Int64"  # NOT NULL
+
+
 def test_a_column_that_cannot_hold_null_gets_its_zero_and_an_array_its_empty_list() -> None:
     m = mapper_for(settings())
     row = m.map(event("c", 1, "a", offset=1))[0]
@@ -195,3 +303,17 @@ def test_clickhouse_auto_settings_survive_a_dump_validated_again_and_preview_sho
     tables = report.as_dict()["tables"]
     assert tables["items"][0]["row"] == {"id": 1, "name": "a", "price": Decimal("1.50"), "at": 1_700_000_000_123}
     assert tables["other"][0]["delete"] == {"id": 2}
+
+
+@pytest.mark.parametrize(("engine_full", "refusal"), [
+    ("ReplacingMergeTree(lsn, _ingest_deleted) ORDER BY id SETTINGS index_granularity = 8192", None),
+    ("ReplicatedReplacingMergeTree('/ch/{shard}/t', '{replica}', `lsn`, `_ingest_deleted`) ORDER BY id", None),
+    ("ReplacingMergeTree(_version, _ingest_deleted) ORDER BY id", "versioned by column '_version', not by 'lsn'"),
+    ("ReplacingMergeTree ORDER BY id", "versioned by insertion order"),
+    ("ReplacingMergeTree(lsn) ORDER BY id", "no '_ingest_deleted' mark"),
+    ("MergeTree ORDER BY id", "its engine is MergeTree"),
+])
+def test_an_existing_tables_engine_must_be_versioned_as_the_pipeline_versions_it(engine_full: str,
+                                                                                  refusal: str | None) -> None:
+    got = ClickHouseTable("t", version_column="lsn", deletes=True).engine_refusal(engine_full)
+    assert got is None if refusal is None else refusal in (got or ""), got

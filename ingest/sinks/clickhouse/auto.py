@@ -7,15 +7,20 @@ batch, before anything is inserted (:meth:`ClickHouseAutoTables.prepare`):
    every schema in the batch, never from one record);
 2. when the table as this process last saw it does not take that union as it is
    (:func:`ingest.mirror.evolve.plan` not empty), :func:`ingest.mirror.ddl.ensure_clickhouse` creates
-   or alters it: ``ReplacingMergeTree(_version[, _ingest_deleted]) ORDER BY (the key)`` for a keyed
-   table (the hidden ``_version UInt64`` holds the record's Kafka offset), ``MergeTree ORDER BY
-   tuple()`` for a table without a key; new fields become ``Nullable`` columns (``Array(T) DEFAULT
-   []``); the table's shape is read back from the catalog afterwards;
+   or alters it: ``ReplacingMergeTree(version[, _ingest_deleted]) ORDER BY (the key)`` for a keyed
+   table, ``MergeTree ORDER BY tuple()`` for a table without a key; new fields become ``Nullable``
+   columns (``Array(T) DEFAULT []``); the table's shape is read back from the catalog afterwards.
+   The version (:meth:`ClickHouseAutoTables.where`): the table's own ``tables.NAME.version_column`` (a
+   column of its records, NOT NULL), else the sink's ``version:`` column (added, of its type), else the
+   hidden ``_version UInt64`` holding the record's Kafka offset;
 3. a union a table cannot take (:class:`~ingest.mirror.evolve.Incompatible`: a key column that would
    change type, a type that is not a widening, two schemas of the batch disagreeing on a column)
    raises :class:`~ingest.errors.PermanentError` with class ``schema_incompatible`` before any row of
    the batch is inserted: the batch's isolation then writes every other row and dead-letters the rows
-   of that table's incompatible schema alone -- the other tables keep flowing. For
+   of that table's incompatible schema alone -- the other tables keep flowing. So does an existing
+   keyed table whose engine is versioned otherwise
+   (:meth:`~ingest.mirror.ddl.ClickHouseTable.engine_refusal`: its rows are refused until the table
+   is re-created or the pipeline versioned as the table is). For
    :data:`RECHECK_S` after the table was read, such a union is refused from that shape without asking
    the server again (the pieces isolation makes fail at once; a table fixed by hand is seen after it).
 
@@ -24,8 +29,11 @@ values put in the table's columns by name, converted where the table's column is
 value's encoding shows (a ``DateTime64(3)`` value into a ``DateTime64(6)`` column: its ticks scaled);
 a column the record's schema lacks is NULL (``[]`` for an Array, the type's zero for a column that
 cannot hold NULL); columns no record of the batch has are left out (the server writes their default).
-A delete is a row of its key, the delete's offset as ``_version`` and ``_ingest_deleted = 1``, zero
-values elsewhere (``SELECT ... FINAL`` hides the key, merges drop it).
+The version column holds the carrier's version (:func:`~ingest.mirror.auto.version_value`), or its
+offset in a table versioned by ``_version``. A delete is a row of its key, its version (the delete's
+offset, the sink's ``version:`` of the delete event, or its before image's own version column) and
+``_ingest_deleted = 1``, zero values elsewhere (``SELECT ... FINAL`` hides the key unless a later
+version of it comes, merges drop it).
 
 A table altered behind ingest's back (dropped, a column dropped or retyped) makes the insert fail:
 :meth:`ClickHouseAutoTables.forget` drops what this process knew of it and the sink raises a
@@ -42,7 +50,7 @@ from typing import Any
 
 from ingest.core.dialects import ChType, ch_type
 from ingest.errors import PermanentError
-from ingest.mirror.auto import KEY_AT, OFFSET_AT, SHAPE_AT, VALUES_AT, RowShape
+from ingest.mirror.auto import KEY_AT, OFFSET_AT, SHAPE_AT, VALUES_AT, VERSION_AT, RowShape, table_override, version_value
 from ingest.mirror.ddl import ClickHouseTable, DdlResult, KeyedLocks, ensure_clickhouse, read_clickhouse_shape
 from ingest.mirror.errors import SchemaIncompatible
 from ingest.mirror.evolve import Incompatible, plan
@@ -86,6 +94,8 @@ class AutoTable:
     types: dict[str, ChType]
     #: monotonic time this shape was read from the catalog
     read_at: float = 0.0
+    #: why the table's engine is not the one ``where`` makes (versioned otherwise), or None
+    refusal: str | None = None
     #: a row shape → per table column: (where its value is in that shape's values or -1, converter)
     _plans: dict[RowShape, tuple[tuple[int, Convert], ...]] = field(default_factory=dict)
 
@@ -133,8 +143,10 @@ class ClickHouseAutoTables:
     serialised here (and by :func:`ensure_clickhouse` per process); across processes it re-plans."""
 
     def __init__(self, cfg: ClickHouseSinkSettings, deletes: bool) -> None:
+        """``deletes``: the pipeline's records can delete (keyed tables get the ``_ingest_deleted`` mark)."""
         self._cfg = cfg
         self._deletes = deletes
+        self._overrides = tuple(cfg.tables.items())
         self._tables: dict[str, AutoTable] = {}
         self._table_lock = KeyedLocks()  # one per table name
 
@@ -181,7 +193,7 @@ class ClickHouseAutoTables:
             with call_lock():
                 result = ensure_clickhouse(client, where, wanted, self._cfg.evolve)
             assert result.shape is not None
-            t = self._tables[name] = _table(name, result.shape, where)
+            t = self._tables[name] = _table(name, result.shape, where, result.engine)
             if result.action == "incompatible":
                 raise SchemaIncompatible("incompatible", str(result.incompatible))
             return t
@@ -195,14 +207,15 @@ class ClickHouseAutoTables:
         with call_lock():
             result = ensure_clickhouse(client, where, wanted, self._cfg.evolve, dry_run=dry_run)
         if not dry_run and result.shape is not None:
-            self._tables[name] = _table(name, result.shape, where)
+            self._tables[name] = _table(name, result.shape, where, result.engine)
         return result
 
     def _fits(self, t: AutoTable, wanted: Shape) -> bool:
-        """``t`` takes ``wanted`` as it is (its managed columns are its own); raises SchemaIncompatible
-        when it cannot and was read from the catalog less than :data:`RECHECK_S` ago (else False: read
-        it again)."""
-        p = plan(t.shape, wanted.with_columns(t.where.managed_columns(wanted)), self._cfg.evolve)
+        """``t`` takes ``wanted`` as it is (its engine and managed columns are its own); raises
+        SchemaIncompatible when it cannot and was read from the catalog less than :data:`RECHECK_S` ago
+        (else False: read it again)."""
+        p = Incompatible((t.refusal,)) if t.refusal is not None else \
+            plan(t.shape, wanted.with_columns(t.where.managed_columns(wanted)), self._cfg.evolve)
         if isinstance(p, Incompatible):
             if time.monotonic() - t.read_at < RECHECK_S:
                 raise SchemaIncompatible("incompatible", str(p))
@@ -210,9 +223,22 @@ class ClickHouseAutoTables:
         return p.empty
 
     def where(self, name: str, window: int | None) -> ClickHouseTable:
-        """How table ``name`` is made: in the sink's database, versioned by the hidden ``_version``."""
-        return ClickHouseTable(name, database=self._cfg.database, version_column=CH_DEFAULT_VERSION_COLUMN,
+        """How table ``name`` is made: in the sink's database, versioned (when keyed) by its ``tables:``
+        entry's ``version_column`` (a column of its records), else the sink's ``version:`` column,
+        else the hidden ``_version`` (the Kafka offset)."""
+        column, type_text = self._version_of(name)
+        return ClickHouseTable(name, database=self._cfg.database, version_column=column, version_type=type_text,
                                deletes=self._deletes, deduplication_window=window)
+
+    def _version_of(self, name: str) -> tuple[str, str]:
+        """``(column, type)`` of table ``name``'s version (see :meth:`where`); the type is the one the sink
+        adds the column with (a table's own version column is its records' and keeps their type)."""
+        own = getattr(table_override(name, self._overrides), "version_column", None)
+        if own is not None:
+            return own, "UInt64"
+        if self._cfg.version is not None:
+            return self._cfg.version.column, self._cfg.version.type
+        return CH_DEFAULT_VERSION_COLUMN, "UInt64"
 
     def known(self, name: str) -> AutoTable | None:
         return self._tables.get(name)
@@ -232,7 +258,7 @@ class ClickHouseAutoTables:
         """The insert of ``carriers`` (this table's rows, the table value removed or not) into ``t`` (see
         the module docstring): the key, managed columns and every column a carrier's schema has."""
         shape = t.shape
-        written: set[str] = set(shape.key) | {CH_DEFAULT_VERSION_COLUMN, DELETED_COLUMN}
+        written: set[str] = set(shape.key) | {t.where.version_column, DELETED_COLUMN}
         for carrier in carriers:
             shaped = carrier[VALUES_AT]
             if shaped is not None:
@@ -249,8 +275,8 @@ class ClickHouseAutoTables:
         None for a delete)."""
         shape = t.shape
         c = shape.columns[i]
-        if c.name == CH_DEFAULT_VERSION_COLUMN and shape.key:
-            return [carrier[OFFSET_AT] for carrier in carriers]
+        if c.name == t.where.version_column and shape.key:
+            return self._versions(t, i, carriers)
         if c.name == DELETED_COLUMN and self._deletes:
             return [1 if isinstance(carrier, DeleteRow) else 0 for carrier in carriers]
         filler = _filler(c, t.types[c.name])
@@ -265,6 +291,20 @@ class ClickHouseAutoTables:
             out.append(filler if value is None else value if convert is None else convert(value))
         return out
 
+    @staticmethod
+    def _versions(t: AutoTable, i: int, carriers: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """The version column (column ``i``) of ``t`` for ``carriers``, deletes included: the offset in
+        a table versioned by ``_version``, else the carrier's version -- the sink's ``version:`` value, or
+        the table's own column's (converted as that column's values are, when the table's is wider)."""
+        if t.where.version_column == CH_DEFAULT_VERSION_COLUMN:
+            return [carrier[OFFSET_AT] for carrier in carriers]
+        out = []
+        for carrier in carriers:
+            value = version_value(carrier[VERSION_AT])
+            convert = t.plan_for(carrier[SHAPE_AT])[i][1]  # None: the sink's version: (no column of the shape)
+            out.append(value if convert is None else convert(value))
+        return out
+
 
 def _filler(c: Column, t: ChType) -> Any:
     """A column's value when the record has none: NULL, ``[]`` for an Array, else the type's zero."""
@@ -273,11 +313,13 @@ def _filler(c: Column, t: ChType) -> Any:
     return [] if _base(t).kind == "array" else _zero(t)
 
 
-def _table(name: str, shape: Shape, where: ClickHouseTable) -> AutoTable:
-    """``name`` with ``shape``; a column of a type ingest does not write (made by hand: ``Map``,
-    ``DateTime``) gets no type and is never inserted (a schema that has it is incompatible anyway)."""
+def _table(name: str, shape: Shape, where: ClickHouseTable, engine: str | None = None) -> AutoTable:
+    """``name`` with ``shape`` and ``engine`` (``engine_full``; None: as ``where`` makes it); a column of a
+    type ingest does not write (made by hand: ``Map``, ``DateTime``) gets no type and is never inserted
+    (a schema that has it is incompatible anyway)."""
     types: dict[str, ChType] = {}
     for c in shape.columns:
         with contextlib.suppress(ValueError):
             types[c.name] = ch_type(shape.ddl_type(c))
-    return AutoTable(name, shape, where, types, time.monotonic())
+    refusal = where.engine_refusal(engine) if engine is not None and shape.key else None
+    return AutoTable(name, shape, where, types, time.monotonic(), refusal=refusal)

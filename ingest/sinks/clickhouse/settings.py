@@ -8,9 +8,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from ingest.config.base import ColumnSpec, Frozen, SinkSettingsBase, check_identifier
-from ingest.config.overrides import ColumnOverrideBase, TableOverrideBase
+from ingest.config.overrides import AutoVersionBase, ColumnOverrideBase, TableOverrideBase, tables_versioned
 from ingest.core.collapse import CollapseRule
-from ingest.core.dialects import ChType, ch_type
+from ingest.core.dialects import ChType, ch_type, ch_version_refusal
 
 
 class ClickHouseColumnSpec(ColumnSpec):
@@ -43,6 +43,30 @@ class ChColumnOverride(ColumnOverrideBase):
         if t.nullable:
             raise ValueError(f"{value!r}: give the type without Nullable (the schema's field says it)")
         return value
+
+
+class ChAutoVersion(AutoVersionBase):
+    """``version`` of a ClickHouse ``columns: auto`` sink (:class:`~ingest.config.overrides.AutoVersionBase`):
+    every keyed table is ``ReplacingMergeTree(column[, _ingest_deleted])``, so ``type`` is one a
+    ReplacingMergeTree version may have (:func:`~ingest.core.dialects.ch_version_refusal`)."""
+
+    type: str = "UInt64"
+
+    @field_validator("column")
+    @classmethod
+    def _not_hidden_version(cls, value: str) -> str:
+        if value == CH_DEFAULT_VERSION_COLUMN:
+            raise ValueError(f"{value!r} is the hidden version of tables versioned by the Kafka offset: "
+                             "name the column otherwise")
+        return value
+
+    @field_validator("type")
+    @classmethod
+    def _version_type(cls, value: str) -> str:
+        refusal = ch_version_refusal(value)
+        if refusal is not None:
+            raise ValueError(f"{value!r}: {refusal}")
+        return ch_type(value).name
 
 
 class ChTableOverride(TableOverrideBase):
@@ -97,6 +121,9 @@ class ClickHouseSinkSettings(SinkSettingsBase):
     #: With ``columns: auto``: per-table overrides, by resolved table name or glob (see
     #: :class:`ChTableOverride`).
     tables: dict[str, ChTableOverride] = Field(default_factory=dict)
+    #: With ``columns: auto``: one version column for every keyed table, its ReplacingMergeTree version
+    #: (see :class:`ChAutoVersion`); None: each table is versioned by the Kafka offset (``_version``).
+    version: ChAutoVersion | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -212,40 +239,50 @@ class ClickHouseSinkSettings(SinkSettingsBase):
 
 def auto_columns(data: Any) -> Any:
     """Raw sink settings with ``columns: auto`` → the carrier columns of :mod:`ingest.mirror.auto` with
-    ClickHouse types, ``order_by`` the carrier's key and ``version_column`` its offset (so a batch
-    collapses each key to its last record, as the table's hidden ``_version`` -- the offset -- keeps it),
-    and ``auto_columns: true``. ``order_by`` / ``conflict_key`` may be ``auto`` or left out (each table
-    is ordered by its records' key); ``version_column``, ``version`` and ``cluster`` are refused (not
-    supported with ``columns: auto`` yet). Other settings pass unchanged."""
+    ClickHouse types, ``order_by`` the carrier's key, and ``auto_columns: true``. ``order_by`` /
+    ``conflict_key`` may be ``auto`` or left out (each table is ordered by its records' key);
+    ``version_column`` and ``cluster`` are refused (not supported with ``columns: auto``).
+
+    The batch collapses each key to the record its table keeps (``version_column``): the highest
+    carrier version (:data:`~ingest.mirror.auto.CARRIER_VERSION`) when the carriers have one -- the
+    sink's ``version:``, or a table's own ``tables.NAME.version_column`` (tables without one: 0, the
+    last record wins) -- else the highest offset, as the hidden ``_version`` keeps it. Other settings
+    pass unchanged."""
     if not isinstance(data, dict):
         return data
     if data.get("columns") != "auto":
         for name in ("order_by", "conflict_key"):
             if data.get(name) == "auto":
                 raise ValueError(f"{name}: auto goes with columns: auto (the key of a schema's table)")
-        if data.get("tables") and not data.get("auto_columns"):
-            raise ValueError("tables: per-table overrides go with columns: auto")
+        if not data.get("auto_columns"):  # not settings made here already (a dump validated again)
+            if data.get("tables"):
+                raise ValueError("tables: per-table overrides go with columns: auto")
+            if data.get("version") is not None:
+                raise ValueError("version: goes with columns: auto (with a column list, set version_column)")
         return data
-    from ingest.mirror.auto import CARRIER_KEY, CARRIER_SHAPE, CARRIER_VALUES  # imports no settings
+    from ingest.mirror.auto import CARRIER_KEY, CARRIER_SHAPE, CARRIER_VALUES, CARRIER_VERSION  # imports no settings
 
     out = dict(data)
     for name in ("order_by", "conflict_key"):
         if out.pop(name, "auto") not in ("auto", None):
             raise ValueError(f"columns: auto orders each table by its records' key: set {name}: auto "
                              "(or leave it out)")
-    for name in ("version_column", "version", "cluster"):
-        if out.get(name) is not None:
-            raise ValueError(f"{name}: not supported with columns: auto yet (each table is versioned by the "
-                             "Kafka offset, in the hidden _version column)")
-    tables = out.get("tables")
-    if isinstance(tables, dict) and any(isinstance(o, dict) and o.get("version_column") is not None
-                                        for o in tables.values()):
-        raise ValueError("tables: version_column is not supported in ClickHouse yet (each table is versioned "
-                         "by the Kafka offset, in the hidden _version column)")
-    out["columns"] = {CARRIER_KEY: {"type": "String"}, CARRIER_SHAPE: {"type": "String"},
-                      CARRIER_VALUES: {"type": "String"}, AUTO_STREAM_COLUMN: {"type": "Int64"},
-                      AUTO_OFFSET_COLUMN: {"type": "UInt64"}}
-    return {**out, "order_by": [CARRIER_KEY], "version_column": AUTO_OFFSET_COLUMN, "auto_columns": True}
+    if out.get("version_column") is not None:
+        raise ValueError("version_column: with columns: auto, name the version of every table with "
+                         "version: {column: NAME, source: '@source.lsn'}, or a table's own with "
+                         "tables: {NAME: {version_column: COLUMN}}")
+    if out.get("cluster") is not None:
+        raise ValueError("cluster: not supported with columns: auto yet")
+    columns: dict[str, Any] = {CARRIER_KEY: {"type": "String"}, CARRIER_SHAPE: {"type": "String"},
+                               CARRIER_VALUES: {"type": "String"}, AUTO_STREAM_COLUMN: {"type": "Int64"},
+                               AUTO_OFFSET_COLUMN: {"type": "UInt64"}}
+    version_column = AUTO_OFFSET_COLUMN
+    if out.get("version") is not None or tables_versioned(out.get("tables")):
+        # the carriers' version slot: its values are the mapper's (ingest.cdc.mapper), not this spec's
+        columns[CARRIER_VERSION] = {"type": "UInt64", "source": "@offset", "required": True}
+        version_column = CARRIER_VERSION
+    out["columns"] = columns
+    return {**out, "order_by": [CARRIER_KEY], "version_column": version_column, "auto_columns": True}
 
 
 #: The carrier's source columns (ingest.mirror.auto: stream and offset); the offset versions each table.

@@ -42,7 +42,17 @@ from ingest.config.base import ColumnSpec
 from ingest.config.cdc import DeleteSettings
 from ingest.drivers.postgres import connect, translate
 from ingest.errors import MigrationError, PermanentError, TransientError
-from ingest.mirror.auto import KEY_AT, OFFSET_AT, SHAPE_AT, STREAM_AT, VALUES_AT, VERSION_AT, RowShape, override_for
+from ingest.mirror.auto import (
+    KEY_AT,
+    OFFSET_AT,
+    SHAPE_AT,
+    STREAM_AT,
+    VALUES_AT,
+    VERSION_AT,
+    RowShape,
+    table_override,
+    version_value,
+)
 from ingest.mirror.ddl import _PG_LOST_RACE as LOST_RACE
 from ingest.mirror.ddl import DdlResult, KeyedLocks, ensure_postgres, lock_key, read_postgres_shape
 from ingest.mirror.errors import SchemaIncompatible
@@ -295,8 +305,7 @@ class AutoTables:
         return extra
 
     def _override(self, name: str) -> Any:
-        found = override_for(name, self._overrides) if self._overrides else None
-        return found[1] if found is not None else None
+        return table_override(name, self._overrides)
 
     def _own_version(self, name: str) -> str | None:
         """The version column ``name``'s ``tables:`` entry names (a column of its schema), or None."""
@@ -364,8 +373,7 @@ class AutoTables:
                 row[stream_at] = carrier[STREAM_AT]
                 row[offset_at] = carrier[OFFSET_AT]
             if version_at >= 0:
-                version = carrier[VERSION_AT]
-                row[version_at] = version[1] if type(version) is tuple else version  # mirror.auto.version_key
+                row[version_at] = version_value(carrier[VERSION_AT])
             if isinstance(carrier, DeleteRow):
                 out.append((ImageDeleteRow if soft and type(carrier) is ImageDeleteRow else DeleteRow)(row))
             else:

@@ -18,14 +18,19 @@ from pydantic import ConfigDict, Field, SecretStr, field_validator, model_valida
 
 from ingest.config.base import (
     ColumnSpec,
-    Frozen,
     PgNetworkSettings,
     SinkSettingsBase,
     check_dsn_syntax,
     check_identifier,
 )
 from ingest.config.cdc import DeleteSettings
-from ingest.config.overrides import ColumnOverrideBase, TableOverrideBase
+from ingest.config.overrides import (
+    RESERVED_PREFIX,
+    AutoVersionBase,
+    ColumnOverrideBase,
+    TableOverrideBase,
+    tables_versioned,
+)
 from ingest.core.collapse import CollapseRule
 from ingest.core.dialects import pg_base_type
 
@@ -35,7 +40,6 @@ SOURCE_COLUMNS: dict[str, dict[str, str]] = {
     STREAM_COLUMN: {"type": "bigint", "source": "@stream"},
     OFFSET_COLUMN: {"type": "bigint", "source": "@offset"},
 }
-RESERVED_PREFIX = "_ingest_"
 
 
 class ColumnOverride(ColumnOverrideBase):
@@ -83,28 +87,10 @@ class TableOverride(TableOverrideBase):
         return self
 
 
-class AutoVersion(Frozen):
-    """``version`` of a ``columns: auto`` sink: every table gets column ``column`` (of ``type``) holding
-    ``source`` (``@source.PATH`` of a change event, or record metadata such as ``@timestamp``); an update
-    applies only when it is not older (the sink's version guard), and a record without one is poison."""
+class AutoVersion(AutoVersionBase):
+    """``version`` of a PostgreSQL ``columns: auto`` sink (:class:`~ingest.config.overrides.AutoVersionBase`)."""
 
-    column: str
-    source: str
     type: Literal["bigint", "integer", "timestamptz", "numeric"] = "bigint"
-
-    @field_validator("column")
-    @classmethod
-    def _column(cls, value: str) -> str:
-        if value.startswith(RESERVED_PREFIX):
-            raise ValueError(f"names starting with {RESERVED_PREFIX!r} are reserved for ingest")
-        return check_identifier(value)
-
-    @field_validator("source")
-    @classmethod
-    def _source(cls, value: str) -> str:
-        if not value.startswith("@"):
-            raise ValueError("the version comes from @source.PATH or record metadata (@offset, @timestamp)")
-        return value
 
 
 class PostgresSinkSettings(SinkSettingsBase):
@@ -287,12 +273,6 @@ def auto_columns(data: Any) -> Any:
         out["version_column"] = CARRIER_VERSION
     out["columns"] = columns
     return out
-
-
-def tables_versioned(tables: Any) -> bool:
-    """Raw ``tables:`` entries of which one names a ``version_column`` (the carriers then have a version)."""
-    return isinstance(tables, dict) and any(isinstance(o, dict) and o.get("version_column") is not None
-                                            for o in tables.values())
 
 
 def _add_source_columns(data: Any) -> Any:
