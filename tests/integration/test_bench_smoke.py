@@ -51,7 +51,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
                         "--lanes", "1", "--format", "all", "--no-rows"],
      (("json lanes=1 1000 rows (1000 written); avro lanes=1 1000 rows (1000 written); "
        "protobuf lanes=1 1000 rows (1000 written)"),
-      re.compile(r"^lanes=1 +protobuf +[\d,]+ +[\d,]+ +-?[\d.]+ +0\.0%$", re.MULTILINE),
+      re.compile(r"^lanes=1 +protobuf +[\d,]+ +[\d,]+ +-?[\d.]+ +100\.0%$", re.MULTILINE),
       re.compile(r"^lanes=1 +protobuf/json +x[\d.]+ +x-?[\d.]+$", re.MULTILINE))),
     # JSON and JSON Schema side by side: JSON Schema on the columnar tier (every record), and by rows
     ("pg_pipeline.py", ["--records", "3000", "--naive-records", "100", "--rounds", "1", "--processes", "0",
