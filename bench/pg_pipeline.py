@@ -341,6 +341,15 @@ def idle_cpu_s(bootstrap: str, dsn: str, lanes: int, processes: int, registry_ur
         return run_measured(run_command(path, processes), env=env)
 
 
+def forget_stored_offsets(dsn: str, pipeline: str) -> None:
+    """Delete what exactly-once delivery stored for ``pipeline`` (its partitions' and lanes' offsets), so a
+    later round's run into a fresh table reads its topic from the start."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for table in ("ingest_offsets", "ingest_lane_offsets"):
+            if conn.execute("SELECT to_regclass(%s)", [table]).fetchone()[0] is not None:
+                conn.execute(f"DELETE FROM {table} WHERE pipeline = %s", [pipeline])
+
+
 def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int = 1,
                registry_url: str | None = None, fmt: str = "avro", tag: str = "", columns: dict | None = None,
                columnar: bool | None = None, label: str = "") -> dict:
@@ -352,6 +361,8 @@ def end_to_end(bootstrap: str, topic: str, dsn: str, lanes: int, processes: int 
     table = (f"bench_e2e{tag}_{lanes}_{processes}" if registry_url is None
              else f"bench_e2e_{fmt}{tag}_{lanes}_{processes}")
     make_table(dsn, table, keyed=True, columns=columns)
+    if (sink_extra or {}).get("delivery") == "exactly_once":
+        forget_stored_offsets(dsn, "bench")  # a fresh table: the offsets an earlier round stored beside it too
     cfg = e2e_config(bootstrap, topic, dsn, table, lanes, registry_url, fmt, columns, columnar, sink_extra)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.yaml"

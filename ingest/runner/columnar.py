@@ -356,8 +356,8 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
         # Lane offsets hold only under one routing: the tier may route a poison record by its key column,
         # the row path by its Kafka key, so a restart on the other tier could skip it as written.
         why = "exactly-once delivery with lanes above 1 into a table with a conflict key writes by rows"
-    elif exactly_once and (p.has_deletes or p.envelope != "none"):
-        why = "exactly-once delivery of change events or deletes writes by rows"
+    elif exactly_once and p.routes_tables and (p.has_deletes or p.envelope != "none"):
+        why = "exactly-once delivery of change events into many tables writes by rows"
     elif p.format not in ("json", "json_schema", "avro", "protobuf") or p.envelope not in ("none", "debezium"):
         why = "it reads plain JSON, JSON Schema, Avro or Protobuf values only (and Debezium change events in JSON)"
     elif p.format == "json_schema" and p.envelope != "none":

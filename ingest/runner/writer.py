@@ -431,7 +431,7 @@ class BatchWriter:
             tier = self._columnar
             assert tier is not None
             kwargs["columnar"] = ColumnarBatch(planned.payload, planned.rows, planned.poison,
-                                               lambda unmapped: tier.map_items(unmapped)[0])
+                                               lambda unmapped: tier.map_items(unmapped)[0], planned.deletes)
         for attempt in self._retrying("exactly-once batch", retries):
             with attempt:
                 done = eo(lane, items, **kwargs)

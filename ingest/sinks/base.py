@@ -71,6 +71,8 @@ class ColumnarBatch:
     rows: int
     poison: Sequence[tuple[Item, Failure]]
     map_rows: Callable[[Sequence[Item]], list[Item]]
+    #: of ``rows``, the rows that delete their key (change events)
+    deletes: int = 0
 
 
 #: The exactly-once lane transaction: ``(lane, items, columnar=None)`` -> what it did; rows, DLQ rows and

@@ -83,11 +83,12 @@ def _stream(schemas: bool) -> list[tuple]:
     return out
 
 
-def _run(tmp_path, name, bootstrap, topic, dsn, columnar, lanes, mode) -> tuple[dict, list, list, list]:
+def _run(tmp_path, name, bootstrap, topic, dsn, columnar, lanes, mode,
+         delivery: str = "at_least_once") -> tuple[dict, list, list, list]:
     stats, dlq = run_pipeline_on_off(tmp_path, bootstrap, topic, dsn, {
         "name": name, "envelope": "debezium", "deletes": {"mode": mode}, "lanes": lanes,
         "sink": {"kind": "postgres", "dsn": dsn, "table": name, "conflict_key": ["id"], "version_column": "lsn",
-                 "columns": COLUMNS},
+                 "columns": COLUMNS, "delivery": delivery},
         "dlq": {"kind": "postgres", "table": f"{name}_dlq"},
     }, columnar)
     with psycopg.connect(dsn) as conn:
@@ -98,16 +99,21 @@ def _run(tmp_path, name, bootstrap, topic, dsn, columnar, lanes, mode) -> tuple[
     return stats, rows, tombs, dlq
 
 
-@pytest.mark.parametrize(("schemas", "lanes", "mode"), [(False, 1, "hard"), (True, 2, "hard"), (False, 2, "soft")])
+@pytest.mark.parametrize(("schemas", "lanes", "mode", "delivery"), [
+    (False, 1, "hard", "at_least_once"), (True, 2, "hard", "at_least_once"), (False, 2, "soft", "at_least_once"),
+    (False, 1, "hard", "exactly_once"), (True, 1, "soft", "exactly_once")])
 def test_a_cdc_run_on_the_columnar_tier_writes_what_the_row_path_does(kafka_bootstrap, pg_dsn, new_topic, tmp_path,
-                                                                      schemas, lanes, mode):
-    """With two lanes too: the accept loop routes each event by its row's key (ChangePlan.lane_keys)."""
+                                                                      schemas, lanes, mode, delivery):
+    """With two lanes too: the accept loop routes each event by its row's key (ChangePlan.lane_keys); and
+    exactly once, the changes, tombstones, DLQ rows and offsets of a batch in one transaction."""
     topic = new_topic(PARTITIONS)
     records = _stream(schemas)
     assert produce_stream(kafka_bootstrap, topic, records) == len(records)
-    tag = ("s" if schemas else "p") + mode
-    rows_stats, rows, rows_tombs, rows_dlq = _run(tmp_path, f"cdcrows{tag}", kafka_bootstrap, topic, pg_dsn, False, lanes, mode)
-    col_stats, cols, col_tombs, col_dlq = _run(tmp_path, f"cdccols{tag}", kafka_bootstrap, topic, pg_dsn, None, lanes, mode)
+    tag = ("s" if schemas else "p") + mode + ("eo" if delivery == "exactly_once" else "")
+    rows_stats, rows, rows_tombs, rows_dlq = _run(tmp_path, f"cdcrows{tag}", kafka_bootstrap, topic, pg_dsn, False, lanes,
+                                                  mode, delivery)
+    col_stats, cols, col_tombs, col_dlq = _run(tmp_path, f"cdccols{tag}", kafka_bootstrap, topic, pg_dsn, None, lanes,
+                                               mode, delivery)
     assert len(rows) > 100 and cols == rows
     # A deleted key's tombstone is the same; a key deleted and upserted again keeps a tombstone only when
     # its delete and its upsert were in different batches, which the runs' batch boundaries decide

@@ -265,7 +265,8 @@ class ExactlyOnceWriter:
                 if self._columnar_written(conn, columnar.payload):
                     entries = [DlqEntry(self._pipeline, item.record, failure) for item, failure in columnar.poison]
                     return self._finish(conn, lane, high, entries,
-                                        ExactlyOnceResult(columnar.rows, entries, calls[0], 0, columnar=True))
+                                        ExactlyOnceResult(columnar.rows, entries, calls[0], 0, columnar.deletes,
+                                                          columnar=True))
             fresh = columnar.map_rows(fresh)
         failed, groups = collapse(fresh, self._rule)
         entries = [DlqEntry(self._pipeline, item.record, item.failure) for item in failed]  # type: ignore[arg-type]

@@ -261,14 +261,16 @@ class PostgresSink:
         """:meth:`write_encoded` inside the caller's open transaction on a connection of this sink
         (exactly-once: beside the batch's offsets). At most once per transaction (or per savepoint
         rolled back): the stage is emptied by the commit. Raises psycopg's errors (the caller
-        translates them); PermanentError for a connection that is not UTF-8."""
+        translates them); PermanentError for a connection that is not UTF-8. A table whose records delete:
+        ``payload`` is ``(csv, deletes)`` (or None: no rows), written as :meth:`_changes_in` writes it."""
         statements = self._columnar
         assert statements is not None, "use_columnar() first"
-        if conn.info.encoding != "utf-8":
-            raise PermanentError(f"the connection's encoding is {conn.info.encoding}, not UTF-8",
-                                 error_class="encoding")
+        _require_utf8(conn)
         with conn.cursor() as cur:
-            if self._routed:  # one COPY of every table's rows into the shared stage, every upsert in one go
+            if self._deletes is not None:
+                if payload is not None:
+                    self._changes_in(cur, statements, *payload)
+            elif self._routed:  # one COPY of every table's rows into the shared stage, every upsert in one go
                 names, data = payload
                 if not names:  # every record of the batch was poison
                     return
@@ -319,20 +321,22 @@ class PostgresSink:
             staged.add(COLUMNAR_STAGED)
 
     def _write_encoded_changes(self, statements: ColumnarStatements, csv: Any, deletes: int) -> None:
-        """:meth:`write_encoded` of a table whose records delete: the CSV into the columnar stage, moved
-        into the row path's stage (:attr:`ColumnarStatements.transfer`), then the row path's statements
-        (:meth:`_apply_changes`), in one transaction."""
+        """:meth:`write_encoded` of a table whose records delete: :meth:`_changes_in`, in one transaction."""
         with translate() as t:
             with self.connection() as conn:
                 t.conn = conn
-                if conn.info.encoding != "utf-8":
-                    raise PermanentError(f"the connection's encoding is {conn.info.encoding}, not UTF-8",
-                                         error_class="encoding")
+                _require_utf8(conn)
                 with conn.transaction(), conn.cursor() as cur:
-                    with cur.copy(statements.copy_stage) as copy:
-                        copy.write(memoryview(csv))
-                    cur.execute(statements.transfer)
-                    self._apply_changes(cur, self._sql, self._deletes, deletes, self)  # type: ignore[arg-type]
+                    self._changes_in(cur, statements, csv, deletes)
+
+    def _changes_in(self, cur: psycopg.Cursor[Any], statements: ColumnarStatements, csv: Any, deletes: int) -> None:
+        """A columnar batch of changes (``deletes`` of its rows delete) in the caller's transaction: the
+        CSV into the columnar stage, moved into the row path's stage (:attr:`ColumnarStatements.transfer`),
+        then the row path's statements (:meth:`_apply_changes`)."""
+        with cur.copy(statements.copy_stage) as copy:
+            copy.write(memoryview(csv))
+        cur.execute(statements.transfer)
+        self._apply_changes(cur, self._sql, self._deletes, deletes, self)  # type: ignore[arg-type]
 
     def row_sources(self, keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], RowSource]:
         """Where the rows with these conflict keys were last written from (rows that do not exist are
@@ -621,6 +625,12 @@ COLUMNAR_STAGED = "\x00columnar"
 #: How long a routed table's DDL waits for a lock before it gives up (the batch's retries take it again):
 #: never queued for long ahead of readers behind a long transaction, never stuck on one.
 ROUTED_DDL_LOCK_TIMEOUT_MS = 5_000
+
+
+def _require_utf8(conn: psycopg.Connection[Any]) -> None:
+    """The columnar CSV is UTF-8: PermanentError for a connection of another encoding."""
+    if conn.info.encoding != "utf-8":
+        raise PermanentError(f"the connection's encoding is {conn.info.encoding}, not UTF-8", error_class="encoding")
 
 
 def ensure_routed_table(cfg: PostgresSinkSettings, deletes: DeleteStatements | None) -> None:
