@@ -107,9 +107,9 @@ def _stored(dsn: str, table: str) -> list[tuple]:
         return conn.execute(f'SELECT {", ".join(COLUMNS)} FROM "{table}" ORDER BY id').fetchall()
 
 
-@pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
+@pytest.mark.parametrize(("delivery", "lanes"), [("at_least_once", 1), ("exactly_once", 1), ("at_least_once", 2)])
 def test_an_avro_run_on_the_columnar_tier_writes_and_dead_letters_what_the_row_path_does(
-        kafka_bootstrap, pg_dsn, new_topic, tmp_path, schema_registry, delivery):
+        kafka_bootstrap, pg_dsn, new_topic, tmp_path, schema_registry, delivery, lanes):
     topic = new_topic(3)
     ids = {name: schema_registry.register(f"{topic}-value", json.dumps(schema))
            for name, schema in (("v1", V1), ("v2", V2), ("uuids", UUIDS))}
@@ -117,9 +117,9 @@ def test_an_avro_run_on_the_columnar_tier_writes_and_dead_letters_what_the_row_p
     assert produce(kafka_bootstrap, topic, records) == len(records)
     runs = {}
     for name, columnar in (("arows", False), ("acols", None)):  # None: the default, on where it fits
-        name += "_eo" if delivery == "exactly_once" else ""
+        name += ("_eo" if delivery == "exactly_once" else "") + ("_l2" if lanes == 2 else "")
         stats, dlq = run_pipeline_on_off(tmp_path, kafka_bootstrap, topic, pg_dsn, {
-            "name": name, "format": "avro",
+            "name": name, "lanes": lanes, "format": "avro",
             "sink": {"kind": "postgres", "dsn": pg_dsn, "table": name, "conflict_key": ["id"], "columns": COLUMNS,
                      "delivery": delivery},
             "dlq": {"kind": "postgres", "table": f"{name}_dlq"},

@@ -33,6 +33,8 @@ from ingest.config import PipelineSettings
 from ingest.config.formats import SchemaRegistrySettings
 from ingest.core.collapse import collapse
 from ingest.core.mapping import Mapper
+from ingest.core.mapping.columnar import UNROUTED
+from ingest.core.routing import key_bytes
 from ingest.errors import InvalidRecord
 from ingest.formats.avro import AvroDecoder
 from ingest.runner.columnar import ColumnarTier, write_tier
@@ -217,8 +219,8 @@ def values(draw: st.DrawFn, ids: dict[str, int]) -> bytes:
     return draw(st.binary(max_size=4))
 
 
-#: how many batches the differential compared whole, or left to the row path
-COMPARED = {"columnar": 0, "by rows": 0}
+#: how many batches the differential compared whole, or left to the row path; records routed by the plan
+COMPARED = {"columnar": 0, "by rows": 0, "routed": 0}
 
 
 @pytest.mark.xdist_group("columnar-avro-differential")  # with its check, on one worker (--dist loadgroup)
@@ -231,6 +233,11 @@ def test_the_plan_writes_what_the_row_path_writes(parts, data):
     records = _records(raw)
     decoder.prepare(records)
     expected, poison = _row_path(mapper, rule, records)
+    # lanes > 1: each record the plan routes goes where the row path routes it (its row's key)
+    for record, key in zip(records, plan.lane_keys(records), strict=True):
+        if key is not UNROUTED and record.offset not in poison:
+            assert key == key_bytes(mapper.map(record)[0][rule.key_index[0]]), record
+            COMPARED["routed"] += 1
     built = plan.build(records)
     assert built is not None  # no tombstone, the registry answers: never the whole batch declined
     rejected = set(built.rejected)
@@ -252,7 +259,7 @@ def test_the_plan_writes_what_the_row_path_writes(parts, data):
 @pytest.mark.xdist_group("columnar-avro-differential")  # with its check, on one worker (--dist loadgroup)
 def test_the_differential_compared_columnar_batches():
     """Runs after it (file order): the comparison must not have been skipped every time."""
-    assert COMPARED["columnar"] >= 30, COMPARED
+    assert COMPARED["columnar"] >= 30 and COMPARED["routed"] >= 100, COMPARED
 
 
 def test_a_clean_batch_of_two_writer_schemas_is_taken_whole(parts):
@@ -333,8 +340,7 @@ def test_an_avro_pipeline_states_the_columnar_tier_and_why_not_where_it_cannot(r
     assert tier(_pipeline(stand_in.url), exactly_once=True) == "columnar"  # one lane: the lanes' offsets hold
 
     assert tier(_pipeline(stand_in.url)) == "columnar"
-    assert tier(_pipeline(stand_in.url, lanes=2)).startswith("rows (lanes: 2 route by the mapped row's key: its key "
-                                                            "columns read the record value")
+    assert tier(_pipeline(stand_in.url, lanes=2)) == "columnar"  # routed by the decoder's documents' key values
     nested = _pipeline(stand_in.url)
     nested.sink.columns["city"] = nested.sink.columns["note"].model_copy(update={"source": "$.shipping.city"})
     assert tier(nested).startswith("rows (column 'city' reads '$.shipping.city'")

@@ -400,6 +400,9 @@ class ColumnarPlan:
         self._route: list[tuple[int | None, str | None, StagedColumn]] = []
         self._route_decode: Callable[[bytes], list[Any]] | None = None
         self._route_empty: Any = None
+        #: a typed format's documents (Avro, Protobuf): the document keys the key columns read, listed by
+        #: the format's own decoder (a second decode of the chunk, the price of routing it columnar)
+        self._route_doc_keys: list[str] = []
         if key_index is None:
             if not record_key_orders:
                 self.route_refusal = "a table without a conflict key routes by the pipeline key, which it does not read"
@@ -421,8 +424,7 @@ class ColumnarPlan:
                 self.route_refusal = f"the key column {staged.name!r} reads {col.metadata}, which the tier does not route by"
                 return
         if doc_keys and self._documents is not None:
-            self.route_refusal = ("its key columns read the record value, which only the row mapper decodes "
-                                  "to route a non-JSON record")
+            self._route_doc_keys = doc_keys
             return
         if doc_keys:
             kind_of = {doc_keys.index(columns[i].doc_key): kinds[i].kind for i in key_index  # type: ignore[arg-type]
@@ -461,20 +463,29 @@ class ColumnarPlan:
             for i in rejected:
                 unsure[i] = True
             by_field = [list(map(get, docs)) for get in self._route_fields]
+        elif self._route_doc_keys:  # the decoder's own documents: any type, each value checked below
+            try:
+                by_field, rejected = self._documents(records, self._route_doc_keys)  # type: ignore[misc]
+            except Exception:  # noqa: BLE001 - a registry that cannot answer: the row mapper routes them
+                return [UNROUTED] * n
+            for i in rejected:
+                unsure[i] = True
+        checked = self._route_decode is not None  # the typed decoder gave only ints (int columns) or strs
         if fields("origin").count(None) != n:
             for i, origin in enumerate(fields("origin")):
                 unsure[i] = unsure[i] or origin is not None
         columns = []
         for j, attr, staged in self._route:
             column = by_field[j] if j is not None else fields(attr)  # type: ignore[arg-type]
+            typed = checked or j is None  # metadata: ints and strs
             if staged.kind == "int":
                 lo, hi = staged.lo, staged.hi
                 # the decoder gives ints or None (metadata: ints): a range check per batch when it can
-                if None in column or not (lo <= min(column) and max(column) <= hi):  # type: ignore[operator]
+                if not typed or None in column or not (lo <= min(column) and max(column) <= hi):  # type: ignore[operator]
                     unsure = [u or not (type(v) is int and lo <= v <= hi)  # type: ignore[operator]
                               for u, v in zip(unsure, column, strict=True)]
             else:
-                if None in column or "\x00" in "".join(column):
+                if not typed or None in column or "\x00" in "".join(column):
                     unsure = [u or not (type(v) is str and not (staged.forbid_nul and "\x00" in v))
                               for u, v in zip(unsure, column, strict=True)]
             columns.append(column)
