@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -196,28 +197,54 @@ class TableRules:
         ``source``), coerced; raises InvalidRecord naming the column."""
         if self._mapper is None:
             return ()
-        doc = {**image, "@source": source} if self._reads_source and type(image) is dict else image
-        return self._mapper.map_document(record, doc if doc is not None else {})[0]
+        if self._reads_source:
+            doc = {**(image if type(image) is dict else {}), "@source": source}
+        else:
+            doc = image if image is not None else {}
+        return self._mapper.map_document(record, doc)[0]
 
 
-def version_key(value: Any) -> tuple[int, Any]:
-    """A table's own version value as the carrier holds it: ``(rank, value)``, so that values of one
-    column that two schemas typed differently (a number, a timestamp) still compare -- collapse sorts
-    them before the sink sees that the schemas disagree -- and naive timestamps compare as UTC. The
-    sink writes ``value`` (the second item)."""
-    if isinstance(value, datetime):
-        return 1, value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
-    if isinstance(value, date):
-        return 2, value
-    if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
-        return 0, value
-    return 3, value  # text (_ORDERABLE admits no other type)
+@functools.total_ordering
+class TableVersion:
+    """A table's own version value in the carrier's version slot: ``value`` is what the sink writes (as
+    the row mapper coerced it), ``key`` what collapse compares -- ``(rank, value)``, so that values of one
+    column that two schemas typed differently (a number, a timestamp) still compare (collapse sorts them
+    before the sink sees that the schemas disagree), and a naive timestamp compares as UTC."""
+
+    __slots__ = ("key", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        if isinstance(value, datetime):
+            self.key: tuple[int, Any] = (1, value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc))
+        elif isinstance(value, date):
+            self.key = (2, value)
+        elif isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
+            self.key = (0, value)
+        else:
+            self.key = (3, value)  # text (_ORDERABLE admits no other type)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TableVersion) and self.key == other.key
+
+    def __lt__(self, other: TableVersion) -> bool:
+        return self.key < other.key
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TableVersion({self.value!r})"
+
+
+def version_key(value: Any) -> TableVersion:
+    """A table's own version value as the carrier holds it (:class:`TableVersion`)."""
+    return TableVersion(value)
 
 
 def version_value(version: Any) -> Any:
-    """What the sink writes of a carrier's version: a table's own version's value (:func:`version_key`),
+    """What the sink writes of a carrier's version: a table's own version's value (:class:`TableVersion`),
     else the sink's ``version:`` value as it is."""
-    return version[1] if type(version) is tuple else version
+    return version.value if type(version) is TableVersion else version
 
 
 def table_override(table: str, overrides: Sequence[tuple[str, Any]]) -> Any:
@@ -568,7 +595,7 @@ def _overridden(shape: Shape, rules: TableRules) -> Shape:
     if rules.version is not None and shape.key and version is None:
         raise SchemaIncompatible("version_unknown", f"the version column {rules.version!r} is neither a field of "
                                  "the schema nor a sourced column")
-    if version is not None and not _ORDERABLE.match(version.type):
+    if version is not None and (not _ORDERABLE.match(version.type) or "[" in version.type):
         raise SchemaIncompatible("version_type", f"the version column {rules.version!r} is {version.type}: a "
                                  "version is a number, a timestamp, a date or text")
     if version is not None and shape.dialect == CLICKHOUSE:

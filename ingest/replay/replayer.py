@@ -129,9 +129,13 @@ class Replayer:
         #: fetches the schemas a chunk names (registry formats) before it is mapped
         self._prepare = prepare_all(decoder, key_decoder)
         self._rule = pipeline.collapse_rule()
-        # The order guard needs row sources, and applies only where offsets order the rows (no version).
+        # The order guard needs row sources, and applies only where offsets order the rows (no version) --
+        # or, with columns: auto, where some tables have a version of their own and the others none (the
+        # carriers' version slot then says nothing of those: the guard holds every table to its rows'
+        # sources, which a versioned table's newer record may also have to pass).
+        per_table_versions = pipeline.auto_columns and getattr(pipeline.sink, "version", None) is None
         self._guarded = (sink is not None and capabilities.row_sources and pipeline.sink.tracks_sources
-                         and self._rule.version_index is None)
+                         and (self._rule.version_index is None or per_table_versions))
 
     def count(self, f: DlqFilter, limit: int | None) -> tuple[int, int]:
         """(entries that would be replayed, entries over the replay limit) -- for --dry-run and progress."""

@@ -459,6 +459,44 @@ def test_per_table_overrides_source_columns_version_a_table_and_soft_delete_anot
         assert_committed_at_log_end(kafka_bootstrap, group_id, topic)
 
 
+def test_a_tables_own_timestamp_version_column_orders_its_rows(kafka_bootstrap, pg_dsn, group_id, tmp_path: Path) -> None:
+    """A ``timestamp`` (without time zone: Debezium's MicroTimestamp) version column: its values are written
+    as the row mapper makes them (naive), compared as UTC -- an older update in a later batch changes nothing."""
+    from datetime import timedelta
+
+    from harness.debezium import Field, encode_key
+    from harness.evolving import KEY
+
+    prefix = f"tsv{random.randrange(10**6)}"
+    topic = f"{prefix}.public.stamped"
+    create_topic(kafka_bootstrap, topic, 1)
+    config = _config(tmp_path, kafka_bootstrap, pg_dsn, group_id, [f"^{prefix}\\.public\\..*"],
+                     tables={"stamped": {"version_column": "changed"}})
+    fields = (Field("id", "int64", optional=False), Field("label", "string"), Field("changed", "micro_timestamp"))
+    base = datetime(2026, 3, 1, 12, 0, 0)
+    lsn = iter(range(100, 1000))
+
+    def event(i: int, minutes: int, label: str) -> tuple[bytes, bytes, int, None]:
+        after = {"id": i, "label": label, "changed": base + timedelta(minutes=minutes)}
+        return (encode_key({"id": i}, fields=KEY, schemas=True, table="stamped"),
+                encode_event("u", None, after, fields=fields, lsn=next(lsn), ts_ms=1, schemas=True, table="stamped"),
+                0, None)
+
+    def run() -> None:
+        res = run_ingest(["run", "--config", config, "--until-idle", "2", "--metrics-port", "0"], timeout_s=120,
+                         log_dir=tmp_path)
+        assert res.returncode == 0, res.stderr[-3000:]
+
+    produce(kafka_bootstrap, topic, [event(i, 10, f"first{i}") for i in range(5)])
+    run()
+    produce(kafka_bootstrap, topic, [event(i, 5, "stale") for i in range(5)] + [event(0, 20, "newer")])
+    run()
+    assert dlq_rows(pg_dsn) == []
+    assert table_columns(pg_dsn, "stamped")["changed"] == ("timestamp without time zone", False)
+    assert sink_rows(pg_dsn, "stamped", "id, label, changed") == {
+        0: ("newer", base + timedelta(minutes=20)), **{i: (f"first{i}", base + timedelta(minutes=10)) for i in range(1, 5)}}
+
+
 def test_migrate_dry_run_check_and_migrate_plan_tables_from_the_latest_registry_schemas(
         kafka_bootstrap, pg_dsn, group_id, schema_registry, tmp_path: Path) -> None:
     import json
