@@ -29,7 +29,7 @@ by key, lanes, isolation, replay, exactly-once) works unchanged; only the sink o
 - ``stream``, ``offset``: where the record was read (the hidden source columns: the order guard);
 - ``version``, only with the sink's ``version:`` or a ``tables:`` entry's ``version_column``: the
   record's version -- the sink's (``@source.lsn``, ...), or its table's own column's as
-  :func:`version_key` makes it (0 for a table without either) -- collapse keeps the highest, and the
+  :class:`TableVersion` holds it (0 for a table without either) -- collapse keeps the highest, and the
   sink never applies an older one (PostgreSQL: the upsert's guard; ClickHouse: the table's
   ``ReplacingMergeTree`` version). The sink writes :func:`version_value` of it.
 
@@ -64,7 +64,7 @@ from ingest.mirror.shape import Column, Shape, shape_from_avro, shape_from_conne
 from ingest.types import DeleteRow, Record
 
 __all__ = ["AutoMapper", "CARRIER_KEY", "RowShape", "ShapedValues", "TableRules", "carrier_columns", "carrier_values",
-           "override_for", "table_override", "version_key", "version_value"]
+           "TableVersion", "override_for", "table_override", "version_value"]
 
 #: The carrier columns (see the module docstring); the sink adds its hidden source columns after them.
 CARRIER_KEY, CARRIER_SHAPE, CARRIER_VALUES = "_ingest_key", "_ingest_shape", "_ingest_values"
@@ -236,11 +236,6 @@ class TableVersion:
         return f"TableVersion({self.value!r})"
 
 
-def version_key(value: Any) -> TableVersion:
-    """A table's own version value as the carrier holds it (:class:`TableVersion`)."""
-    return TableVersion(value)
-
-
 def version_value(version: Any) -> Any:
     """What the sink writes of a carrier's version: a table's own version's value (:class:`TableVersion`),
     else the sink's ``version:`` value as it is."""
@@ -410,7 +405,7 @@ class AutoMapper:
             if version is None:
                 raise InvalidRecord("map", "missing_field", f"version column {shape.names[shape.version_position]!r}: "
                                     "required value is missing or null")
-            tail += (version_key(version),)
+            tail += (TableVersion(version),)
         elif self._version is not None:
             tail += self._version.map_document(record, {"@source": source} if source is not None else {})[0]
         elif self._versioned:
