@@ -285,3 +285,14 @@ def test_a_tables_own_deletes_change_its_soft_column_and_merge_soft_deletes() ->
         settings(envelope="none", format="json", sink={"table": "{topic}",
                                                         "tables": {"t": {"deletes": {"mode": "soft"}}}})
     assert "never delete" in str(verr.value)
+
+
+def test_a_delete_without_a_before_image_still_reads_its_sourced_source_block_column() -> None:
+    """Review defect: with no before image, ``@source`` was dropped and a sourced key read as missing."""
+    m = mapper_for(settings(sink={"tables": {"items": {"columns": {"lsn": {"type": "bigint", "source": "@source.lsn"}},
+                                                       "version_column": "lsn"}}}))
+    value = encode_event("d", None, None, fields=FIELDS, lsn=77, ts_ms=1, schemas=True, table="items")
+    record = Record("db.public.items", 0, 5, encode_key({"id": 3}, fields=KEY, schemas=True, table="items"), value, 0)
+    deleted, _ = m.map(record)
+    assert type(deleted) is DeleteRow and deleted[KEY_AT] == (3,) and deleted[5].value == 77
+
