@@ -523,6 +523,27 @@ def run_pipeline_on_off(tmp_path: Path, bootstrap: str, topic: str, dlq_dsn: str
     return read_summary(summary)["pipelines"][name], dlq
 
 
+def registry_runs_on_off(tmp_path: Path, bootstrap: str, topic: str, dsn: str, registry_url: str, *, fmt: str,
+                         prefix: str, columns: dict[str, Any], delivery: str, lanes: int) -> list[tuple[dict, list, list]]:
+    """A registry format's (``fmt``) pipeline over ``topic`` into PostgreSQL, by rows and then with the
+    columnar tier (the default), each into a table of its own named from ``prefix``: per run, its summary
+    stats, its table's rows (``columns`` in that order, by ``id``) and its DLQ rows (as
+    :func:`run_pipeline_on_off` gives them)."""
+    runs = []
+    for name, columnar in ((f"{prefix}rows", False), (f"{prefix}cols", None)):  # None: on where it fits
+        name += ("_eo" if delivery == "exactly_once" else "") + ("_l2" if lanes == 2 else "")
+        stats, dlq = run_pipeline_on_off(tmp_path, bootstrap, topic, dsn, {
+            "name": name, "lanes": lanes, "format": fmt,
+            "sink": {"kind": "postgres", "dsn": dsn, "table": name, "conflict_key": ["id"], "columns": columns,
+                     "delivery": delivery},
+            "dlq": {"kind": "postgres", "table": f"{name}_dlq"},
+        }, columnar, top={"schema_registry": {"url": registry_url}})
+        with psycopg.connect(dsn) as conn:
+            rows = conn.execute(f'SELECT {", ".join(columns)} FROM "{name}" ORDER BY id').fetchall()
+        runs.append((stats, rows, dlq))
+    return runs
+
+
 def columnar_stream(doc_of: Callable[[int], dict[str, Any]],
                     special: Callable[[int, dict[str, Any]], bytes | None] | None = None) -> list[tuple[bytes, bytes]]:
     """3000 records over 700 keys (updates) for the columnar tier's differentials: ``doc_of(i)`` (with

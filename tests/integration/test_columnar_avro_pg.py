@@ -20,11 +20,10 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
-import psycopg
 import pytest
 from fastavro import parse_schema, schemaless_writer
 from harness.kafka import produce
-from pipeline_helpers import run_pipeline_on_off
+from pipeline_helpers import registry_runs_on_off
 
 COMMON_FIELDS = [
     {"name": "id", "type": "long"},
@@ -102,11 +101,6 @@ def _stream(ids: dict[str, int]) -> list[tuple[bytes, bytes]]:
     return out
 
 
-def _stored(dsn: str, table: str) -> list[tuple]:
-    with psycopg.connect(dsn) as conn:
-        return conn.execute(f'SELECT {", ".join(COLUMNS)} FROM "{table}" ORDER BY id').fetchall()
-
-
 @pytest.mark.parametrize(("delivery", "lanes"), [("at_least_once", 1), ("exactly_once", 1), ("at_least_once", 2)])
 def test_an_avro_run_on_the_columnar_tier_writes_and_dead_letters_what_the_row_path_does(
         kafka_bootstrap, pg_dsn, new_topic, tmp_path, schema_registry, delivery, lanes):
@@ -115,17 +109,9 @@ def test_an_avro_run_on_the_columnar_tier_writes_and_dead_letters_what_the_row_p
            for name, schema in (("v1", V1), ("v2", V2), ("uuids", UUIDS))}
     records = _stream(ids)
     assert produce(kafka_bootstrap, topic, records) == len(records)
-    runs = {}
-    for name, columnar in (("arows", False), ("acols", None)):  # None: the default, on where it fits
-        name += ("_eo" if delivery == "exactly_once" else "") + ("_l2" if lanes == 2 else "")
-        stats, dlq = run_pipeline_on_off(tmp_path, kafka_bootstrap, topic, pg_dsn, {
-            "name": name, "lanes": lanes, "format": "avro",
-            "sink": {"kind": "postgres", "dsn": pg_dsn, "table": name, "conflict_key": ["id"], "columns": COLUMNS,
-                     "delivery": delivery},
-            "dlq": {"kind": "postgres", "table": f"{name}_dlq"},
-        }, columnar, top={"schema_registry": {"url": schema_registry.url}})
-        runs[name] = stats, _stored(pg_dsn, name), dlq
-    (rows_stats, rows, rows_dlq), (col_stats, cols, col_dlq) = runs.values()
+    runs = registry_runs_on_off(tmp_path, kafka_bootstrap, topic, pg_dsn, schema_registry.url, fmt="avro",
+                                prefix="a", columns=COLUMNS, delivery=delivery, lanes=lanes)
+    (rows_stats, rows, rows_dlq), (col_stats, cols, col_dlq) = runs
     assert len(rows) == 700
     assert cols == rows
     assert col_dlq == rows_dlq

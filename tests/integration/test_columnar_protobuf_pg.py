@@ -17,12 +17,11 @@ from __future__ import annotations
 import datetime as dt
 import struct
 
-import psycopg
 import pytest
 from harness.kafka import produce
 from harness.proto_messages import classes
 from harness.serde import protobuf_values
-from pipeline_helpers import run_pipeline_on_off
+from pipeline_helpers import registry_runs_on_off
 
 COLUMNS = {
     "id": {"type": "bigint", "required": True},
@@ -73,27 +72,14 @@ def _stream(url: str, topic: str) -> list[tuple[bytes, bytes]]:
     return out
 
 
-def _stored(dsn: str, table: str) -> list[tuple]:
-    with psycopg.connect(dsn) as conn:
-        return conn.execute(f'SELECT {", ".join(COLUMNS)} FROM "{table}" ORDER BY id').fetchall()
-
-
 @pytest.mark.parametrize(("delivery", "lanes"), [("at_least_once", 1), ("exactly_once", 1), ("at_least_once", 2)])
 def test_a_protobuf_run_on_the_columnar_tier_writes_and_dead_letters_what_the_row_path_does(
         kafka_bootstrap, pg_dsn, new_topic, tmp_path, schema_registry, delivery, lanes):
     topic = new_topic(3)
     records = _stream(schema_registry.url, topic)
     assert produce(kafka_bootstrap, topic, records) == len(records)
-    runs = []
-    for name, columnar in (("prows", False), ("pcols", None)):  # None: the default, on where it fits
-        name += ("_eo" if delivery == "exactly_once" else "") + ("_l2" if lanes == 2 else "")
-        stats, dlq = run_pipeline_on_off(tmp_path, kafka_bootstrap, topic, pg_dsn, {
-            "name": name, "lanes": lanes, "format": "protobuf",
-            "sink": {"kind": "postgres", "dsn": pg_dsn, "table": name, "conflict_key": ["id"], "columns": COLUMNS,
-                     "delivery": delivery},
-            "dlq": {"kind": "postgres", "table": f"{name}_dlq"},
-        }, columnar, top={"schema_registry": {"url": schema_registry.url}})
-        runs.append((stats, _stored(pg_dsn, name), dlq))
+    runs = registry_runs_on_off(tmp_path, kafka_bootstrap, topic, pg_dsn, schema_registry.url, fmt="protobuf",
+                                prefix="p", columns=COLUMNS, delivery=delivery, lanes=lanes)
     (rows_stats, rows, rows_dlq), (col_stats, cols, col_dlq) = runs
     assert len(rows) == 300
     assert cols == rows
