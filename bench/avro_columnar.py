@@ -21,6 +21,10 @@ Decoders of one batch of one writer schema (the candidates of issue #38):
                             only
   polars read_avro          the same block read by polars (an Arrow-native reader), when installed
 
+Lane routing (lanes > 1: the accept loop reads each chunk's key fields): the Avro key fields read
+off whole datums (``decode_fields``) and by the prefix reader (``route_fields``, what routing uses),
+and the plans' ``lane_keys`` of JSON and Avro.
+
 The plan (``ColumnarPlan.build``: the batch's documents, Arrow columns, checks, collapse) of the same
 records as JSON and as Avro, and the row mapper (``Mapper.map`` per record) of each.
 """
@@ -148,7 +152,14 @@ def run(registry: SchemaRegistryStandIn, args: argparse.Namespace, n: int) -> No
     if polars is not None:
         candidates["decode: polars read_avro one OCF block"] = lambda: [
             polars.read_avro(io.BytesIO(b)).to_arrow() for b in blocks]
+    route_keys = avro_plan._route_doc_keys  # the key fields lane routing reads (lanes > 1)
     candidates.update({
+        "route: Avro keys, whole datums (decode_fields)": lambda: [
+            decoder.decode_fields(avro_records[s], route_keys) for s in batches],
+        "route: Avro keys, prefix reader (route_fields)": lambda: [
+            decoder.route_fields(avro_records[s], route_keys) for s in batches],
+        "route: JSON (ColumnarPlan.lane_keys)": lambda: [json_plan.lane_keys(json_records[s]) for s in batches],
+        "route: Avro (ColumnarPlan.lane_keys)": lambda: [avro_plan.lane_keys(avro_records[s]) for s in batches],
         "plan: JSON (ColumnarPlan.build)": lambda: [json_plan.build(json_records[s]) for s in batches],
         "plan: Avro (ColumnarPlan.build)": lambda: [avro_plan.build(avro_records[s]) for s in batches],
         "rows: JSON (Mapper.map per record)": lambda: [json_mapper.map(r) for r in json_records],

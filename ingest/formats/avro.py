@@ -27,7 +27,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,14 +105,16 @@ class AvroDecoder(RegistryDecoder):
     #: the columnar plan may read this decoder's documents (:meth:`decode_fields`: exactly what
     #: :meth:`decode` gives the row mapper): :class:`ingest.core.mapping.columnar.ColumnarPlan`
     columnar_documents = True
+    #: :meth:`decode_fields` takes ``staged`` (the plan's ``documents_stage``)
+    stages_logical_types = True
     parse = staticmethod(parse_avro)
     #: for ``ingest check``: can a record of a parsed schema hold a value at a path
     has_path = staticmethod(lambda schema, steps: has_path(schema, steps))
 
     def __init__(self, pipeline: Any, schema_registry: Any = None, field: wire.Field = "value") -> None:
         self._file_schema: Any = None
-        #: batch readers of the writer schemas met so far (:mod:`ingest.formats.avro_batch`), by schema id
-        #: (None: the file schema); None where a schema has none
+        #: batch readers of the writer schemas met so far (:mod:`ingest.formats.avro_batch`), by (schema id
+        #: (None: the file schema), the fields read through (None: all)); None where a schema has none
         self._batch_readers: dict[Any, Any] = {}
         path = getattr(pipeline, "avro_schema", None) if field == "value" else None
         if path is None:
@@ -156,14 +158,31 @@ class AvroDecoder(RegistryDecoder):
         ref, payload = wire.split(record)
         return read(payload, store.prepared(ref), ref)
 
-    def decode_fields(self, records: Sequence[Record], keys: Sequence[str]) -> tuple[list[list[Any]], set[int]]:
+    def decode_fields(self, records: Sequence[Record], keys: Sequence[str],
+                      staged: Mapping[str, type] | None = None) -> tuple[list[list[Any]], set[int]]:
         """For the columnar plan: per key of ``keys``, each record's value of that top-level field (None
         where its record lacks it), and the positions of the records whose decode fails or whose
         document is not a record (the row mapper decides them). The values are exactly what
         :meth:`decode` gives: the datums of each writer schema are read together
         (:mod:`ingest.formats.avro_batch`, every datum within its own bytes) where the schema allows,
         and every other or doubtful record is decoded by :meth:`decode`. Raises what :meth:`decode`
-        raises but InvalidRecord (a registry that cannot answer)."""
+        raises but InvalidRecord (a registry that cannot answer).
+
+        ``staged``: keys whose ``decimal`` and ``timestamp-*`` values the caller stages as they are, with
+        the types to give them as (:func:`~ingest.formats.avro_batch.compile_batch`): the datums the batch
+        reader reads give those instead of ``Decimal`` and ``datetime`` objects (the rest give
+        :meth:`decode`'s values)."""
+        return self._fields(records, keys, route=False, staged=staged)
+
+    def route_fields(self, records: Sequence[Record], keys: Sequence[str]) -> tuple[list[list[Any]], set[int]]:
+        """:meth:`decode_fields` for lane routing: each datum read only up to the last field of ``keys``
+        (:func:`~ingest.formats.avro_batch.compile_batch`'s ``through``), so the values are exactly
+        :meth:`decode`'s for every record it decodes, and may be anything for a record it refuses (a
+        poison record touches no row: its lane does not matter)."""
+        return self._fields(records, keys, route=True)
+
+    def _fields(self, records: Sequence[Record], keys: Sequence[str], *, route: bool,
+                staged: Mapping[str, type] | None = None) -> tuple[list[list[Any]], set[int]]:
         n = len(records)
         columns: dict[str, list[Any]] = {key: [None] * n for key in keys}
         slow: list[int] = []
@@ -182,7 +201,8 @@ class AvroDecoder(RegistryDecoder):
                 else:
                     slow.append(i)
         for raw_ref, positions in groups.items():
-            reader = self._batch_reader(None if raw_ref is None else int.from_bytes(raw_ref, "big"))
+            reader = self._batch_reader(None if raw_ref is None else int.from_bytes(raw_ref, "big"),
+                                        tuple(keys) if route else None, staged)
             if reader is None:
                 slow += positions
                 continue
@@ -212,11 +232,15 @@ class AvroDecoder(RegistryDecoder):
                 columns[key][i] = doc.get(key) if type(doc) is dict else None
         return [columns[key] for key in keys], rejected
 
-    def _batch_reader(self, ref: Any) -> Any:
-        """The batch reader of schema ``ref`` (None: the file schema), or None: decode per record (a
-        schema it does not read, or one the registry has not given: :meth:`decode` decides)."""
+    def _batch_reader(self, ref: Any, through: tuple[str, ...] | None = None,
+                      staged: Mapping[str, type] | None = None) -> Any:
+        """The batch reader of schema ``ref`` (None: the file schema), of every field or (``through``)
+        of the fields up to the last of those, giving ``staged`` fields as those types, or None: decode
+        per record (a schema it does not read, or one the registry has not given: :meth:`decode`
+        decides)."""
+        cache_key = (ref, through, None if not staged else tuple(sorted(staged.items(), key=lambda kv: kv[0])))
         try:
-            return self._batch_readers[ref]
+            return self._batch_readers[cache_key]
         except KeyError:
             pass
         if ref is None:
@@ -227,7 +251,7 @@ class AvroDecoder(RegistryDecoder):
                 schema = self._store.prepared(ref)
             except Exception:  # noqa: BLE001 - unknown_schema and the like: per record, and not remembered
                 return None
-        reader = self._batch_readers[ref] = compile_batch(schema)
+        reader = self._batch_readers[cache_key] = compile_batch(schema, through, staged)
         return reader
 
     def describe(self, record: Record | None) -> str | None:

@@ -21,7 +21,7 @@ Pure; numpy is imported only when a schema is compiled.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 #: A compiled reader: ``read(data, starts, ends)`` → (the values of each field, by field name, one per
@@ -96,14 +96,33 @@ class _Batch:
         return start.tolist(), stop.tolist()
 
 
-def compile_batch(schema: Any) -> BatchReader | None:
+def compile_batch(schema: Any, through: Collection[str] | None = None,
+                  staged: Mapping[str, type] | None = None) -> BatchReader | None:
     """A reader of many datums of the parsed (fastavro) record ``schema``, or None when some field's
-    type is not one it reads (see the module docstring)."""
+    type is not one it reads (see the module docstring).
+
+    ``through``: read only the fields up to the last of these names the schema has (Avro writes the
+    fields in schema order) and give only those of them. Such a *prefix* reader does not look at the
+    rest of a datum, so it cannot tell a datum with bytes wrong after its prefix from a clean one: its
+    values are exactly fastavro's for every datum fastavro decodes, and may be anything for one it
+    refuses (a read past the datum's end is still doubtful). For lane routing, where a poison record's
+    lane does not matter.
+
+    ``staged``: fields whose value the caller stages as it is, by name, with the type to give it as
+    (see :func:`_staged_logical`): a ``decimal`` field's values as that ``str`` subclass of their
+    exact text, a ``timestamp-millis``/``-micros`` field's as that ``int`` subclass of microseconds since
+    the epoch, instead of ``Decimal`` and ``datetime`` objects; any other field as always."""
     if not isinstance(schema, dict) or schema.get("type") != "record":
         return None
+    listed = list(schema.get("fields", ()))
+    wanted = None
+    if through is not None:
+        wanted = frozenset(through)
+        names = [f["name"] for f in listed]
+        listed = listed[:max((names.index(name) for name in wanted if name in names), default=-1) + 1]
     fields = []
-    for f in schema.get("fields", ()):
-        reader = _field_reader(f.get("type"))
+    for f in listed:
+        reader = _field_reader(f.get("type"), (staged or {}).get(f["name"]))
         if reader is None:
             return None
         fields.append((f["name"], reader))
@@ -113,7 +132,10 @@ def compile_batch(schema: Any) -> BatchReader | None:
         batch = _Batch(np, data, np.asarray(starts), np.asarray(ends))
         every = np.arange(len(starts))
         out = {name: reader(batch, every) for name, reader in fields}
-        batch.bad |= batch.pos != batch.end  # bytes left over (or a read past the end): fastavro decides
+        if wanted is None:
+            batch.bad |= batch.pos != batch.end  # bytes left over (or a read past the end): fastavro decides
+        else:
+            out = {name: values for name, values in out.items() if name in wanted}
         return out, batch.bad
 
     return read
@@ -122,10 +144,11 @@ def compile_batch(schema: Any) -> BatchReader | None:
 _Reader = Callable[[_Batch, Any], list[Any]]
 
 
-def _field_reader(t: Any) -> _Reader | None:
-    """The reader of a field of type ``t`` (parsed), or None when it is not one read here."""
+def _field_reader(t: Any, staged: type | None = None) -> _Reader | None:
+    """The reader of a field of type ``t`` (parsed), or None when it is not one read here; ``staged``:
+    see :func:`compile_batch`."""
     if isinstance(t, list):
-        return _union_reader(t)
+        return _union_reader(t, staged)
     if isinstance(t, dict):
         kind = t.get("type")
         logical = t.get("logicalType")
@@ -136,6 +159,10 @@ def _field_reader(t: Any) -> _Reader | None:
             base = _PRIMITIVES.get(kind) if isinstance(kind, str) else None
             if convert is None or base is None:
                 return None
+            if staged is not None:
+                fast = _staged_logical(f"{kind}-{logical}", t, staged)
+                if fast is not None:
+                    return fast
             return _logical(base, convert, t)
         if kind == "enum":
             return _enum_reader(list(t.get("symbols", ())))
@@ -247,12 +274,79 @@ def _logical(base: _Reader, convert: Callable[..., Any], schema: dict[str, Any])
     return read
 
 
-def _union_reader(branches: list[Any]) -> _Reader | None:
+#: The microseconds since the epoch of the aware datetimes fastavro's ``timestamp-*`` readers can make
+#: (``datetime(1, 1, 1)`` to ``datetime.max``, UTC): beyond them it raises.
+_MICROS_MIN, _MICROS_MAX = -62_135_596_800_000_000, 253_402_300_799_999_999
+#: Decimal scales whose text :func:`_decimal_text` writes as ``str(Decimal)`` does (plain notation: an
+#: exponent of at least -6 always keeps Python's ``str`` out of scientific notation).
+_MAX_PLAIN_SCALE = 6
+#: Decimal precisions whose values :func:`_decimal_text` writes (a bound far beyond Avro's common ones,
+#: keeping ``10 ** precision`` small)
+_MAX_FAST_PRECISION = 1000
+
+
+def _staged_logical(name: str, schema: dict[str, Any], as_type: type) -> _Reader | None:
+    """A logical type's reader giving the staged values of fastavro's (see :func:`compile_batch`), or
+    None where it has none (the caller then converts as fastavro does):
+
+    - ``long-timestamp-millis`` / ``-micros`` into an ``int`` subclass: the microseconds since the
+      epoch of the aware UTC datetime fastavro returns (``epoch + timedelta(microseconds=...)``), for
+      each value whose datetime exists; the others are doubtful (fastavro raises for them);
+    - ``bytes-decimal`` of a scale up to :data:`_MAX_PLAIN_SCALE` into a ``str`` subclass: the text of
+      the Decimal fastavro returns (``create_decimal(unscaled).scaleb(-scale)`` under the schema's
+      precision), for each value of at most ``precision`` digits, which that context does not round;
+      the others are converted by fastavro's reader (exactly, as they are without ``staged``)."""
+    if name in ("long-timestamp-millis", "long-timestamp-micros") and issubclass(as_type, int):
+        factor = 1000 if name == "long-timestamp-millis" else 1
+
+        def read_micros(batch: _Batch, sel: Any) -> list[Any]:
+            values = batch.varint(sel)
+            np = batch.np
+            lo, hi = -(_MICROS_MIN // -factor), _MICROS_MAX // factor  # the values whose micros are in range
+            out = (values < lo) | (values > hi)
+            if out.any():
+                batch.bad[sel[out]] = True
+                values = np.where(out, 0, values)
+            return list(map(as_type, (values * factor).tolist()))
+
+        return read_micros
+    scale, precision = schema.get("scale", 0), schema.get("precision")
+    if name == "bytes-decimal" and issubclass(as_type, str) and type(scale) is int and 0 <= scale <= _MAX_PLAIN_SCALE \
+            and type(precision) is int and 0 < precision <= _MAX_FAST_PRECISION:
+        from fastavro._read import LOGICAL_READERS
+
+        exact = LOGICAL_READERS["bytes-decimal"]
+        limit = 10**precision
+
+        def read_decimals(batch: _Batch, sel: Any) -> list[Any]:
+            out: list[Any] = []
+            for b in _bytes(batch, sel):
+                unscaled = int.from_bytes(b, "big", signed=True)
+                if -limit < unscaled < limit:
+                    out.append(as_type(_decimal_text(unscaled, scale)))
+                else:  # the context rounds it: fastavro's own reader (str of its Decimal)
+                    out.append(as_type(exact(b, schema, None)))
+            return out
+
+        return read_decimals
+    return None
+
+
+def _decimal_text(unscaled: int, scale: int) -> str:
+    """``str(Decimal(unscaled).scaleb(-scale))`` for ``0 <= scale <= 6``: the digits, with a point
+    ``scale`` digits from the right (and zeros before it as needed)."""
+    if scale == 0:
+        return str(unscaled)
+    digits = str(abs(unscaled)).rjust(scale + 1, "0")
+    return f"{'-' if unscaled < 0 else ''}{digits[:-scale]}.{digits[-scale:]}"
+
+
+def _union_reader(branches: list[Any], staged: type | None = None) -> _Reader | None:
     """``["null", T]`` or ``[T, "null"]``: None, or T's value."""
     if len(branches) != 2 or "null" not in branches:
         return None
     null_at = branches.index("null")
-    inner = _field_reader(branches[1 - null_at])
+    inner = _field_reader(branches[1 - null_at], staged)
     if inner is None:
         return None
 

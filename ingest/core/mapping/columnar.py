@@ -58,6 +58,7 @@ import msgspec
 import orjson
 
 from ingest.core.dialects import ChType
+from ingest.core.mapping import coerce_pg
 from ingest.core.mapping.coerce_ch import CH_DT64_MAX_MS
 from ingest.core.mapping.common import _EPOCH_AWARE, _EPOCH_NAIVE, _FALSE, _MAX_DATETIME_TEXT, _TRUE
 from ingest.core.mapping.fastmap import (
@@ -290,7 +291,9 @@ class ColumnarPlan:
                  nested: dict[int, tuple[str, ...]] | None = None,
                  documents: Callable[[Sequence[Record], Sequence[str]], tuple[list[Sequence[Any]], set[int]]]
                  | None = None,
-                 payloads: Callable[[Sequence[Record], Sequence[bytes]], list[bytes | None]] | None = None) -> None:
+                 payloads: Callable[[Sequence[Record], Sequence[bytes]], list[bytes | None]] | None = None,
+                 route_documents: Callable[[Sequence[Record], Sequence[str]], tuple[list[Sequence[Any]], set[int]]]
+                 | None = None, documents_stage: bool = False) -> None:
         """``transform``: the pipeline's transforms compiled for the tier
         (:class:`ingest.core.transforms.columnar.ColumnarTransform`): the batch is decoded by its
         decoder and the columns read its results (``keys``: the document keys after the steps; no
@@ -311,7 +314,15 @@ class ColumnarPlan:
         ``payloads``: the batch's values are JSON behind a prefix (``format: json_schema``):
         ``payloads(records, values)`` gives each record's JSON text exactly as the pipeline's decoder
         parses it, or None for a record that decoder does not vouch for (the row mapper's: rejected),
-        and the plan reads those texts as it reads plain JSON values (:meth:`_json_values`)."""
+        and the plan reads those texts as it reads plain JSON values (:meth:`_json_values`).
+        ``route_documents``: ``documents`` for :meth:`lane_keys` alone (default: ``documents``), whose
+        values need be exact only for the records ``documents`` does not refuse (the Avro decoder's
+        ``route_fields``, which reads each datum only up to its key fields). ``documents_stage``:
+        ``documents`` takes a third argument, the keys whose logical-type values it may give already
+        staged, with the type of each (:class:`Digits` for a decimal, :class:`Micros` for a timestamp:
+        exactly what :func:`_precoerced` makes of its ``Decimal`` or ``datetime`` through the row
+        mapper's coercer; the Avro decoder's ``decode_fields``) -- the keys only columns of one such
+        kind read, through a coercer that returns those values unchanged (:data:`_STAGED_BY_COERCER`)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -334,6 +345,8 @@ class ColumnarPlan:
         self.nested = dict(nested)
         #: the decoder of a non-JSON format's batches (see ``documents`` above), or None: JSON lines
         self._documents = documents
+        #: what :meth:`lane_keys` reads a non-JSON format's key fields with
+        self._route_documents = route_documents or documents
         #: the JSON texts of a format's values (see ``payloads`` above), or None: the values are JSON
         self._payloads = payloads
         assert documents is None or payloads is None, "a format's documents, or its JSON texts"
@@ -382,6 +395,8 @@ class ColumnarPlan:
         #: logical-type values through it (:func:`_precoerced`: Decimal → numeric, datetime → timestamps)
         self._coercers = [col.coerce if documents is not None and staged.kind in _PRECOERCED else None
                           for col, staged in zip(columns, kinds, strict=True)]
+        #: the document keys ``documents`` gives already staged, and as what (``documents_stage``)
+        self._staged_keys: dict[str, type] = _staged_keys(columns, kinds) if documents_stage else {}
         self._key_index = key_index
         self._version_index = version_index
         self._init_routing(columns, kinds, key_index, record_key_orders)
@@ -465,7 +480,7 @@ class ColumnarPlan:
             by_field = [list(map(get, docs)) for get in self._route_fields]
         elif self._route_doc_keys:  # the decoder's own documents: any type, each value checked below
             try:
-                by_field, rejected = self._documents(records, self._route_doc_keys)  # type: ignore[misc]
+                by_field, rejected = self._route_documents(records, self._route_doc_keys)  # type: ignore[misc]
             except Exception:  # noqa: BLE001 - a registry that cannot answer: the row mapper routes them
                 return [UNROUTED] * n
             for i in rejected:
@@ -540,7 +555,10 @@ class ColumnarPlan:
             return None  # tombstones and republished records: the row path
         if self._documents is not None:  # a typed format's documents (Avro): decoded by its own decoder
             try:
-                by_field, rejected = self._documents(records, self.keys)
+                if self._staged_keys:
+                    by_field, rejected = self._documents(records, self.keys, self._staged_keys)  # type: ignore[call-arg]
+                else:
+                    by_field, rejected = self._documents(records, self.keys)
             except Exception:  # noqa: BLE001 - not a record's poison (a registry error): the row path handles it
                 return None
             _reject_non_finite(by_field, rejected)
@@ -1025,6 +1043,25 @@ _STAGED_TYPES["timestamp"] = _STAGED_TYPES["timestamp"] | {Micros}
 #: The kinds whose values of a typed format's logical types go through the row mapper's coercer, and
 #: the Python type of those values (fastavro's ``decimal`` and ``timestamp-*``).
 _PRECOERCED: dict[str, type] = {"numeric": Decimal, "timestamp": datetime}
+
+
+#: The row mapper's coercers that give a typed format's logical-type value back unchanged (a Decimal as
+#: it is, a UTC datetime as it is or as its naive UTC wall clock), so that the staged form of the value
+#: (:func:`_precoerced`: its text, its microseconds since the epoch) can be made without them: by
+#: coercer, the type the plan stages those values as.
+_STAGED_BY_COERCER: dict[Any, type] = {coerce_pg._numeric: Digits, coerce_pg._timestamptz: Micros,
+                                      coerce_pg._timestamp: Micros}
+
+
+def _staged_keys(columns: Sequence[FastColumn], kinds: Sequence[StagedColumn]) -> dict[str, type]:
+    """The document keys read only by columns of :data:`_PRECOERCED` kinds through one of
+    :data:`_STAGED_BY_COERCER`'s coercers, all staging one type: by key, that type."""
+    by_key: dict[str, set[Any]] = {}
+    for col, staged in zip(columns, kinds, strict=True):
+        if col.doc_key is not None:
+            as_type = _STAGED_BY_COERCER.get(col.coerce) if staged.kind in _PRECOERCED else None
+            by_key.setdefault(col.doc_key, set()).add(as_type)
+    return {key: types.pop() for key, types in by_key.items() if len(types) == 1 and None not in types}
 
 
 def _precoerced(column: Sequence[Any], kind: str, coerce: Callable[[Any], Any],

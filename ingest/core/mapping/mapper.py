@@ -421,7 +421,11 @@ class Mapper:
             return None  # the steps' decoder reads top-level fields of JSON values
         return ColumnarPlan(self.column_names, columns, kinds, keys, key_index, version_index, transform=transform,
                             record_key_orders=self._key_getter is None, nested=self._columnar_nested,
-                            documents=self._columnar_documents, payloads=self._columnar_payloads)
+                            documents=self._columnar_documents, payloads=self._columnar_payloads,
+                            route_documents=getattr(self._decoder, "route_fields", None)
+                            if self._columnar_documents is not None else None,
+                            documents_stage=self._columnar_documents is not None
+                            and getattr(self._decoder, "stages_logical_types", False))
 
     @property
     def typed(self) -> bool:
