@@ -22,8 +22,11 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.mark.parametrize(("script", "args", "expect"), [
+    # One run of the main bench with every format (one broker, database and baselines for all of them):
+    # JSON, Avro and Protobuf each by default (the columnar tier: every record) and by rows, every table
+    # checked against the stream; the poison and wide streams beside the clean one.
     ("pg_pipeline.py", ["--records", "3000", "--naive-records", "100", "--rounds", "1", "--processes", "0",
-                        "--lanes", "1"],
+                        "--lanes", "1", "--format", "all"],
      ("(e) ingest run, lanes=1", "written columnar 100.00 %",
       # the poison stream beside the clean one: its dead letters are exactly its poison records
       re.compile(r"0\.1 % poison stream, lanes=1: [\d,]+ records/s, poison / clean = [\d.]+ .*written columnar "
@@ -34,25 +37,18 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
       re.compile(r"row path \(lanes=1, rows\): e / min\(a,b\) = [\d.]+, own CPU -?[\d.]+ us per record; "
                  r"fast path 100\.00 % \(typed 100\.00 %\); lanes=1 / row path = x[\d.]+ records/s"),
       re.compile(r"0\.1 % poison stream, lanes=1, rows: [\d,]+ records/s, poison / clean = [\d.]+; "
-                 r"fast path 99\.90 % \(typed [\d.]+ %\), 3 dead letters = the poison records"))),
+                 r"fast path 99\.90 % \(typed [\d.]+ %\), 3 dead letters = the poison records"),
+      ("json lanes=1 1000 rows (1000 written), lanes=1, rows 1000 rows (1000 written); "
+       "avro lanes=1 1000 rows (1000 written), lanes=1, rows 1000 rows (1000 written); "
+       "protobuf lanes=1 1000 rows (1000 written), lanes=1, rows 1000 rows (1000 written)"),
+      re.compile(r"^lanes=1 +avro +[\d,]+ +[\d,]+ +-?[\d.]+ +100\.0%$", re.MULTILINE),
+      re.compile(r"^lanes=1, rows +avro +[\d,]+ +[\d,]+ +-?[\d.]+ +0\.0%$", re.MULTILINE),
+      re.compile(r"^lanes=1 +protobuf +[\d,]+ +[\d,]+ +-?[\d.]+ +100\.0%$", re.MULTILINE),
+      re.compile(r"^lanes=1, rows +protobuf +[\d,]+ +[\d,]+ +-?[\d.]+ +0\.0%$", re.MULTILINE),
+      re.compile(r"^lanes=1 +protobuf/json +x[\d.]+ +x-?[\d.]+$", re.MULTILINE))),
     # the row path and the columnar tier end to end on one stream; it checks both tables
     ("columnar.py", ["--records", "3000", "--rounds", "1"],
      (re.compile(r"columnar / rows: records/s x[\d.]+, own CPU x-?[\d.]+"),)),
-    # JSON and Avro side by side, each by default (the columnar tier: every record, Avro too) and by rows
-    ("pg_pipeline.py", ["--records", "3000", "--naive-records", "100", "--rounds", "1", "--processes", "0",
-                        "--lanes", "1", "--format", "both"],
-     (("json lanes=1 1000 rows (1000 written), lanes=1, rows 1000 rows (1000 written); "
-       "avro lanes=1 1000 rows (1000 written), lanes=1, rows 1000 rows (1000 written)"),
-      re.compile(r"^lanes=1 +avro +[\d,]+ +[\d,]+ +-?[\d.]+ +100\.0%$", re.MULTILINE),
-      re.compile(r"^lanes=1, rows +avro +[\d,]+ +[\d,]+ +-?[\d.]+ +0\.0%$", re.MULTILINE))),
-    # JSON, Avro and Protobuf side by side: a protobuf row (records/s best, median, own CPU) and its ratio
-    # row in the table, and its end-to-end table checked against the stream like the other two.
-    ("pg_pipeline.py", ["--records", "3000", "--naive-records", "100", "--rounds", "1", "--processes", "0",
-                        "--lanes", "1", "--format", "all", "--no-rows"],
-     (("json lanes=1 1000 rows (1000 written); avro lanes=1 1000 rows (1000 written); "
-       "protobuf lanes=1 1000 rows (1000 written)"),
-      re.compile(r"^lanes=1 +protobuf +[\d,]+ +[\d,]+ +-?[\d.]+ +100\.0%$", re.MULTILINE),
-      re.compile(r"^lanes=1 +protobuf/json +x[\d.]+ +x-?[\d.]+$", re.MULTILINE))),
     # JSON and JSON Schema side by side: JSON Schema on the columnar tier (every record), and by rows
     ("pg_pipeline.py", ["--records", "3000", "--naive-records", "100", "--rounds", "1", "--processes", "0",
                         "--lanes", "1", "--format", "json+json_schema", "--no-wide", "--no-poison"],
