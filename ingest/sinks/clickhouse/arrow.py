@@ -110,7 +110,11 @@ class ColumnarConverter:
       exactly the row mapper's ``Decimal`` (no rounding can happen);
     * ``epoch_ms`` (int64 milliseconds, 0 .. 2299-12-31) -> ``DateTime64(p)`` ticks (a checked
       multiplication for p > 3, a division for p < 3: floored, the values being positive), as the
-      row mapper's ``coerce_ch._ch_datetime64`` computes them.
+      row mapper's ``coerce_ch._ch_datetime64`` computes them;
+    * ``coerced_decimal`` (a typed format's values as the row mapper's coercer rounded them, already
+      ``decimal(P, S)``) -> the column's decimal type, a checked cast that changes nothing;
+    * ``coerced_ticks`` (the row mapper's ``DateTime64(p)`` ticks, int64) -> ``timestamp`` of the
+      column's unit, the same integers.
     """
 
     def __init__(self, columns: Sequence[Any], types: Sequence[ChType], schema: Any) -> None:
@@ -123,6 +127,10 @@ class ColumnarConverter:
             while t.kind in ("nullable", "lowcardinality") and t.inner is not None:
                 t = t.inner
             factor = divisor = 1
+            if staged.kind in ("coerced_decimal", "coerced_ticks") and (
+                    t.kind != ("decimal" if staged.kind == "coerced_decimal" else "datetime64")
+                    or staged.precision != t.precision or (t.kind == "decimal" and staged.scale != t.scale)):
+                raise ValueError(f"column {staged.name!r}: {staged.kind} values staged for another type than {t.name}")
             if staged.kind == "epoch_ms":
                 if t.kind != "datetime64":
                     raise ValueError(f"column {staged.name!r}: epoch milliseconds for a {t.name} column")
