@@ -27,7 +27,10 @@ float for a ``numeric`` column as the shortest text that round-trips it (Arrow's
 exactly the digits of ``float_decimal``) and rounds it itself, epoch milliseconds as an integer
 that the upsert adds to the epoch (see :mod:`ingest.sinks.postgres.columnar`); ClickHouse gets
 only decimals that need no rounding, and multiplies epoch milliseconds to its ``DateTime64``
-ticks in Arrow (:meth:`ingest.sinks.clickhouse.sink.ClickHouseSink.write_columns`).
+ticks in Arrow (:meth:`ingest.sinks.clickhouse.sink.ClickHouseSink.write_columns`). A typed
+format's documents (Avro, Protobuf) hold Python values of their own (Decimals, datetimes) beside
+numbers: their ``Decimal(P,S)`` and ``DateTime64(p)`` values go through the row mapper's own coercer
+and are staged as what it returns (:func:`_coerced_array`).
 
 Contract of :meth:`ColumnarPlan.build`: for the records it accepts, the table's rows are the rows
 the row mapper returns for them (the same values once the database has converted them), collapsed
