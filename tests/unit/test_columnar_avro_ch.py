@@ -13,6 +13,7 @@ Arrow table the row path inserts (``test_columnar_ch_plan._row_path``: mapped, c
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timezone
 from decimal import Decimal
 from types import SimpleNamespace
@@ -159,3 +160,16 @@ def test_a_registry_pipeline_into_clickhouse_states_the_columnar_tier(registry, 
     sink = ClickHouseSink(p.sink, pipeline=p.name)
     assert write_tier(p, sink, columnar_capable=True, exactly_once=False,
                       mapper=lambda: Mapper(p.sink.columns, decoder=decoder)) == "columnar"
+
+
+def test_the_converter_refuses_coerced_values_staged_for_another_type(case):
+    columns = list(case.plan.columns)
+    types = list(_pipeline().sink.ch_types.values())
+    at = {c.name: i for i, c in enumerate(columns)}
+    for name, wrong in (("ts", dataclasses.replace(columns[at["ts"]], precision=3)),  # DateTime64(3) ticks for (6)
+                        ("amount", dataclasses.replace(columns[at["amount"]], scale=3)),
+                        ("amount", dataclasses.replace(columns[at["ts"]], name="amount"))):  # ticks for a Decimal
+        staged = list(columns)
+        staged[at[name]] = wrong
+        with pytest.raises(ValueError, match="staged for another type"):
+            ColumnarConverter(staged, types, case.encoder.schema)

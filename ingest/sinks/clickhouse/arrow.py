@@ -99,6 +99,11 @@ class ArrowEncoder:
         return pa.Table.from_arrays(arrays, schema=self.schema)
 
 
+#: The ClickHouse type kind whose coercer's values each ``coerced_*`` staged kind holds (precision and
+#: scale as the staged column says).
+_COERCED_FOR = {"coerced_decimal": "decimal", "coerced_ticks": "datetime64"}
+
+
 class ColumnarConverter:
     """Turns a columnar batch as :class:`~ingest.core.mapping.columnar.ColumnarPlan` stages it into
     the table's Arrow types (``schema``: the sink's :class:`ArrowEncoder` schema), in Arrow's C++:
@@ -127,9 +132,9 @@ class ColumnarConverter:
             while t.kind in ("nullable", "lowcardinality") and t.inner is not None:
                 t = t.inner
             factor = divisor = 1
-            if staged.kind in ("coerced_decimal", "coerced_ticks") and (
-                    t.kind != ("decimal" if staged.kind == "coerced_decimal" else "datetime64")
-                    or staged.precision != t.precision or (t.kind == "decimal" and staged.scale != t.scale)):
+            coerced_for = _COERCED_FOR.get(staged.kind)
+            if coerced_for is not None and (t.kind != coerced_for or staged.precision != t.precision
+                                            or (coerced_for == "decimal" and staged.scale != t.scale)):
                 raise ValueError(f"column {staged.name!r}: {staged.kind} values staged for another type than {t.name}")
             if staged.kind == "epoch_ms":
                 if t.kind != "datetime64":
