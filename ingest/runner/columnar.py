@@ -366,8 +366,6 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
         why = "a JSON Schema pipeline's transforms run on the row path (not tested on the tier yet)"
     elif p.format in ("avro", "protobuf") and p.envelope != "none":
         why = f"{FORMAT_NAMES[p.format]} change events (an envelope) are written by rows"
-    elif p.format in ("avro", "protobuf") and p.sink.kind != "postgres":
-        why = f"{FORMAT_NAMES[p.format]} values go columnar into PostgreSQL only"
     elif p.has_deletes and (why := _deletes_refusal(p)) is not None:
         pass
     elif rule.key_index is not None and (rule.keep != "last" or (rule.merge_deletes and not p.has_deletes)):

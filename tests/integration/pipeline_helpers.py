@@ -523,23 +523,41 @@ def run_pipeline_on_off(tmp_path: Path, bootstrap: str, topic: str, dlq_dsn: str
     return read_summary(summary)["pipelines"][name], dlq
 
 
+#: the ClickHouse database of the differentials' tables (:func:`registry_runs_on_off` with ``chdb``)
+CH_DATABASE = "ingest_test"
+
+
 def registry_runs_on_off(tmp_path: Path, bootstrap: str, topic: str, dsn: str, registry_url: str, *, fmt: str,
-                         prefix: str, columns: dict[str, Any], delivery: str, lanes: int) -> list[tuple[dict, list, list]]:
+                         prefix: str, columns: dict[str, Any], delivery: str, lanes: int,
+                         chdb: Any = None) -> list[tuple[dict, list, list]]:
     """A registry format's (``fmt``) pipeline over ``topic`` into PostgreSQL, by rows and then with the
     columnar tier (the default), each into a table of its own named from ``prefix``: per run, its summary
     stats, its table's rows (``columns`` in that order, by ``id``) and its DLQ rows (as
-    :func:`run_pipeline_on_off` gives them)."""
+    :func:`run_pipeline_on_off` gives them). ``chdb`` (the ``chdb`` fixture's session): into ClickHouse
+    instead (a table of :data:`CH_DATABASE` ordered by ``id``, at least once: ``delivery`` is not used),
+    its rows read with FINAL, each value as ClickHouse's text of it and the ``_version`` last, once the
+    run has ended (a run owns the chDB path while it runs); the DLQ stays in PostgreSQL (``dsn``)."""
     runs = []
     for name, columnar in ((f"{prefix}rows", False), (f"{prefix}cols", None)):  # None: on where it fits
         name += ("_eo" if delivery == "exactly_once" else "") + ("_l2" if lanes == 2 else "")
+        sink: dict[str, Any] = {"table": name, "columns": columns}
+        if chdb is None:
+            sink.update(kind="postgres", dsn=dsn, conflict_key=["id"], delivery=delivery)
+        else:
+            sink.update(kind="clickhouse", url=chdb.url, database=CH_DATABASE, order_by=["id"])
         stats, dlq = run_pipeline_on_off(tmp_path, bootstrap, topic, dsn, {
-            "name": name, "lanes": lanes, "format": fmt,
-            "sink": {"kind": "postgres", "dsn": dsn, "table": name, "conflict_key": ["id"], "columns": columns,
-                     "delivery": delivery},
-            "dlq": {"kind": "postgres", "table": f"{name}_dlq"},
+            "name": name, "lanes": lanes, "format": fmt, "sink": sink,
+            "dlq": {"kind": "postgres", "dsn": dsn, "table": f"{name}_dlq"},
         }, columnar, top={"schema_registry": {"url": registry_url}})
-        with psycopg.connect(dsn) as conn:
-            rows = conn.execute(f'SELECT {", ".join(columns)} FROM "{name}" ORDER BY id').fetchall()
+        if chdb is None:
+            with psycopg.connect(dsn) as conn:
+                rows = conn.execute(f'SELECT {", ".join(columns)} FROM "{name}" ORDER BY id').fetchall()
+        else:
+            texts = ", ".join(f"toString({column})" for column in [*columns, "_version"])
+            try:
+                rows = chdb.client().query(f"SELECT {texts} FROM {CH_DATABASE}.{name} FINAL ORDER BY id").result_rows
+            finally:
+                chdb.close()
         runs.append((stats, rows, dlq))
     return runs
 

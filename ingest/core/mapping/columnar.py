@@ -27,7 +27,10 @@ float for a ``numeric`` column as the shortest text that round-trips it (Arrow's
 exactly the digits of ``float_decimal``) and rounds it itself, epoch milliseconds as an integer
 that the upsert adds to the epoch (see :mod:`ingest.sinks.postgres.columnar`); ClickHouse gets
 only decimals that need no rounding, and multiplies epoch milliseconds to its ``DateTime64``
-ticks in Arrow (:meth:`ingest.sinks.clickhouse.sink.ClickHouseSink.write_columns`).
+ticks in Arrow (:meth:`ingest.sinks.clickhouse.sink.ClickHouseSink.write_columns`). A typed
+format's documents (Avro, Protobuf) hold Python values of their own (Decimals, datetimes) beside
+numbers: their ``Decimal(P,S)`` and ``DateTime64(p)`` values go through the row mapper's own coercer
+and are staged as what it returns (:func:`_coerced_array`).
 
 Contract of :meth:`ColumnarPlan.build`: for the records it accepts, the table's rows are the rows
 the row mapper returns for them (the same values once the database has converted them), collapsed
@@ -79,8 +82,12 @@ from ingest.types import Record
 #: PostgreSQL ``numeric`` (a JSON number as the shortest digits of its value, as text), ``timestamp``
 #: (epoch milliseconds or ISO 8601 text, as int8 microseconds since the epoch: the upsert adds them
 #: to it), ``float`` (``double precision``), ``bool`` and ``json`` (``json`` / ``jsonb``: the row
-#: mapper's JSON text of the value; see :func:`pg_staged`).
-KINDS = ("int", "text", "decimal", "epoch_ms", "numeric", "timestamp", "float", "bool", "json")
+#: mapper's JSON text of the value; see :func:`pg_staged`); for ClickHouse columns of a typed format's
+#: documents (Avro, Protobuf: ``ch_staged(..., documents=True)``) ``coerced_decimal`` and ``coerced_ticks``:
+#: each value as the row mapper's own coercer returns it (a ``Decimal(P,S)`` column's Decimal, as Arrow
+#: ``decimal(P,S)``; a ``DateTime64(p)`` column's ticks, as int64).
+KINDS = ("int", "text", "decimal", "epoch_ms", "numeric", "timestamp", "float", "bool", "json", "coerced_decimal",
+         "coerced_ticks")
 
 #: Metadata sources the tier reads off the records (a republished record declines the batch): the
 #: record's attribute, and the Python type of its values (or None).
@@ -111,7 +118,9 @@ VERSION_KINDS = ("int", "timestamp")
 _STAGED_TYPES = {kind: frozenset({*ts, type(None)})
                  for kind, ts in (("int", (int,)), ("text", (str,)), ("decimal", (float,)), ("epoch_ms", (int,)),
                                   ("numeric", (int, float, str)), ("timestamp", (int, str)), ("float", (int, float)),
-                                  ("bool", (bool, int, str)), ("json", (msgspec.Raw, str, int, float, bool)))}
+                                  ("bool", (bool, int, str)), ("json", (msgspec.Raw, str, int, float, bool)),
+                                  ("coerced_decimal", (int, float, str, Decimal)),
+                                  ("coerced_ticks", (int, str, datetime)))}
 
 #: The microseconds since the epoch a PostgreSQL ``timestamp`` column stages: ``|us| < 2**53`` (1685 to
 #: 2255), where the upsert's ``us * interval '1 microsecond'`` is exact (a double multiplies); beyond it,
@@ -147,7 +156,11 @@ class StagedColumn:
     max_abs: float | None = None
     as_text: bool = False
     default: Any = None
-    #: a ``json`` column's coercer (the row mapper's own: the staged text is what it returns)
+    #: a ``coerced_decimal`` or ``coerced_ticks`` column's ClickHouse type precision (``P`` of
+    #: ``Decimal(P,S)``, whose ``S`` is ``scale``; ``p`` of ``DateTime64(p)``)
+    precision: int | None = None
+    #: a ``json``, ``coerced_decimal`` or ``coerced_ticks`` column's coercer (the row mapper's own: the
+    #: staged value is what it returns)
     coerce: Any = field(default=None, compare=False)
 
 
@@ -204,28 +217,31 @@ def _staged_default(kind: str, default: Any) -> Any:
     return None
 
 
-def ch_staged(name: str, col: FastColumn, t: ChType) -> StagedColumn | None:
+def ch_staged(name: str, col: FastColumn, t: ChType, *, documents: bool = False) -> StagedColumn | None:
     """How the tier stages a ClickHouse column of type ``t``, or None when it cannot: integers,
     ``String``, ``Decimal(P, S)`` (values that need no rounding, see :class:`StagedColumn`) and
     ``DateTime64(p)`` from epoch milliseconds, each possibly ``Nullable``/``LowCardinality``, with or
-    without a default the staged kind holds exactly (:func:`_ch_staged_default`). The sink turns the
-    staged columns into its own Arrow types
+    without a default the staged kind holds exactly (:func:`_ch_staged_default`). ``documents``: the
+    values are a typed format's documents (Avro, Protobuf: Decimals, datetimes, epoch milliseconds of
+    two writer schemas in one column), whose ``Decimal(P, S)`` and ``DateTime64(p)`` values are staged
+    as the column's own coercer returns each of them (``coerced_decimal``, ``coerced_ticks``; a value it
+    refuses is the row mapper's). The sink turns the staged columns into its own Arrow types
     (:meth:`~ingest.sinks.clickhouse.sink.ClickHouseSink.use_columnar`)."""
-    staged = _ch_staged(name, col, t)
+    staged = _ch_staged(name, col, t, documents)
     if staged is None or col.default is None:
         return staged
     default = _ch_staged_default(staged, col.default, t)
     return None if default is None else dataclasses.replace(staged, default=default)
 
 
-def _ch_staged(name: str, col: FastColumn, t: ChType) -> StagedColumn | None:
+def _ch_staged(name: str, col: FastColumn, t: ChType, documents: bool) -> StagedColumn | None:
     """:func:`ch_staged` without the default."""
     while t.kind in ("nullable", "lowcardinality") and t.inner is not None:
         t = t.inner
     if t.kind == "decimal":
-        kind = "decimal"
+        kind = "coerced_decimal" if documents else "decimal"
     elif t.kind == "datetime64":
-        kind = "epoch_ms"
+        kind = "coerced_ticks" if documents else "epoch_ms"
     else:
         kind = col.inline[0] if col.inline else None
         if kind not in ("int", "text"):
@@ -239,6 +255,9 @@ def _ch_staged(name: str, col: FastColumn, t: ChType) -> StagedColumn | None:
         return StagedColumn(name, kind, lo=max(lo, INT64_MIN), hi=min(hi, INT64_MAX))
     if kind == "text":
         return StagedColumn(name, kind, forbid_nul=False)
+    if kind in ("coerced_decimal", "coerced_ticks"):
+        return StagedColumn(name, kind, scale=t.scale if kind == "coerced_decimal" else None,
+                            precision=t.precision, coerce=col.coerce)
     if kind == "decimal":
         # as the row mapper's exact branch (coerce_ch._ch_decimal): |v| < 10**(P-S) / 10
         return StagedColumn(name, kind, scale=t.scale, max_abs=float(10 ** (t.precision - t.scale)) / 10)
@@ -254,6 +273,10 @@ def _ch_staged_default(staged: StagedColumn, default: Any, t: ChType) -> Any:
     kind = staged.kind
     if kind == "text":
         return default if type(default) is str else None
+    if kind == "coerced_decimal":  # staged as the Decimal itself
+        return default if type(default) is Decimal and default.is_finite() else None
+    if kind == "coerced_ticks":  # staged as the ticks themselves, in int64
+        return default if type(default) is int and INT64_MIN <= default <= INT64_MAX else None
     if kind == "int":
         return default if type(default) is int and staged.lo <= default <= staged.hi else None  # type: ignore[operator]
     if kind == "decimal":  # staged as a double: only a default the double holds to the digit
@@ -1260,10 +1283,52 @@ def _json_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColumn, t
     return pa.array([None if m else t for t, m in zip(texts, mask, strict=True)], type=pa.string()), pa.array(mask)
 
 
+# --------------------------------------------------------------------------- ClickHouse, typed formats
+
+#: The Python type of what a ``coerced_*`` column's coercer returns for the values it takes.
+_COERCED_TYPE = {"coerced_decimal": Decimal, "coerced_ticks": int}
+
+
+def _coerced_array(pa: Any, pc: Any, column: Sequence[Any], staged: StagedColumn, types: set[type]) -> tuple[Any, Any]:
+    """``coerced_decimal`` / ``coerced_ticks`` (a typed format's values into ClickHouse ``Decimal(P,S)`` /
+    ``DateTime64(p)``): each value replaced by what the row mapper's own coercer returns for it -- the
+    Decimal it rounded to the column's scale, as Arrow ``decimal(P,S)``; the DateTime64 ticks, as int64
+    -- which the row path's Arrow insert writes as they are. A value the coercer refuses, or whose result
+    Arrow cannot hold exactly (ticks beyond int64), is the row mapper's (masked)."""
+    coerce, wanted = staged.coerce, _COERCED_TYPE[staged.kind]
+    if staged.kind == "coerced_decimal":
+        arrow_type = (pa.decimal128 if staged.precision <= 38 else pa.decimal256)(staged.precision, staged.scale)  # type: ignore[operator]
+    else:
+        arrow_type = pa.int64()
+    out: list[Any] = []
+    unfit = [False] * len(column)
+    for i, v in enumerate(column):
+        if v is not None:
+            try:
+                v = coerce(v)
+                if type(v) is not wanted or (wanted is Decimal and not v.is_finite()):
+                    raise ValueError(v)
+            except Exception:  # noqa: BLE001 - the row mapper's failure (poison, or its business): it decides
+                v, unfit[i] = None, True
+        out.append(v)
+    try:
+        array = pa.array(out, type=arrow_type)
+    except (pa.ArrowException, OverflowError):  # some value Arrow does not hold exactly: value by value
+        for i, v in enumerate(out):
+            try:
+                pa.scalar(v, type=arrow_type)
+            except (pa.ArrowException, OverflowError):
+                out[i], unfit[i] = None, True
+        array = pa.array(out, type=arrow_type)
+    return array, pa.array(unfit) if True in unfit else None
+
+
 _CONVERTERS: dict[str, Callable[[Any, Any, Sequence[Any], StagedColumn, set[type]], tuple[Any, Any]]] = {
     "numeric": _numeric_array,
     "timestamp": _timestamp_array,
     "float": _float_array,
     "bool": _bool_array,
     "json": _json_array,
+    "coerced_decimal": _coerced_array,
+    "coerced_ticks": _coerced_array,
 }

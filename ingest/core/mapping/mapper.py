@@ -66,7 +66,14 @@ from ingest.config.base import ColumnSpec
 from ingest.core.dialects import ch_type, pg_base_type
 from ingest.core.mapping.coerce_ch import _ch_coercer, _ch_inline
 from ingest.core.mapping.coerce_pg import _coercer_for, _pg_inline
-from ingest.core.mapping.columnar import VERSION_KINDS, ColumnarPlan, ch_staged, document_fields, pg_staged
+from ingest.core.mapping.columnar import (
+    VERSION_KINDS,
+    ColumnarPlan,
+    StagedColumn,
+    ch_staged,
+    document_fields,
+    pg_staged,
+)
 from ingest.core.mapping.common import (
     Coercer,
     Getter,
@@ -368,7 +375,7 @@ class Mapper:
         columns, _keys, dialect = self._columnar_source
         kinds = []
         for name, col, full in zip(self.column_names, columns, self.column_types, strict=True):
-            staged = ch_staged(name, col, ch_type(full)) if dialect == "clickhouse" else pg_staged(name, col, full)
+            staged = self._staged(name, col, full, dialect)
             if staged is not None:
                 kinds.append(staged.kind)
                 continue
@@ -377,7 +384,7 @@ class Mapper:
             if dialect == "clickhouse":
                 if col.doc_key is None and col.metadata is None:
                     return f"column {name!r} reads {self._sources[name]!r}, which the tier does not stage"
-                if col.default is not None and ch_staged(name, dataclasses.replace(col, default=None), ch_type(full)):
+                if col.default is not None and self._staged(name, dataclasses.replace(col, default=None), full, dialect):
                     return f"column {name!r} has a default the tier cannot stage exactly ({col.default!r})"
                 return f"column {name!r} is {full}: the tier stages integer, String, Decimal and DateTime64 columns"
             if col.default is not None and pg_staged(name, dataclasses.replace(col, default=None), full) is not None:
@@ -390,6 +397,12 @@ class Mapper:
             name, full = self.column_names[version_index], self.column_types[version_index]
             return f"the version column {name!r} is {full}, not an integer or timestamp column"
         return None
+
+    def _staged(self, name: str, col: FastColumn, full: str, dialect: str) -> StagedColumn | None:
+        """How the columnar plan stages a column (``full``: its normalised type), or None when it cannot."""
+        if dialect == "clickhouse":
+            return ch_staged(name, col, ch_type(full), documents=self._columnar_documents is not None)
+        return pg_staged(name, col, full)
 
     def columnar_columns(self) -> list[Any]:
         """The compiled columns a columnar plan reads (:class:`~ingest.core.mapping.fastmap.FastColumn`,
@@ -411,7 +424,7 @@ class Mapper:
         columns, keys, dialect = self._columnar_source
         kinds = []
         for name, col, full in zip(self.column_names, columns, self.column_types, strict=True):
-            staged = ch_staged(name, col, ch_type(full)) if dialect == "clickhouse" else pg_staged(name, col, full)
+            staged = self._staged(name, col, full, dialect)
             if staged is None:
                 return None
             kinds.append(staged)

@@ -99,6 +99,11 @@ class ArrowEncoder:
         return pa.Table.from_arrays(arrays, schema=self.schema)
 
 
+#: The ClickHouse type kind whose coercer's values each ``coerced_*`` staged kind holds (precision and
+#: scale as the staged column says).
+_COERCED_FOR = {"coerced_decimal": "decimal", "coerced_ticks": "datetime64"}
+
+
 class ColumnarConverter:
     """Turns a columnar batch as :class:`~ingest.core.mapping.columnar.ColumnarPlan` stages it into
     the table's Arrow types (``schema``: the sink's :class:`ArrowEncoder` schema), in Arrow's C++:
@@ -110,7 +115,11 @@ class ColumnarConverter:
       exactly the row mapper's ``Decimal`` (no rounding can happen);
     * ``epoch_ms`` (int64 milliseconds, 0 .. 2299-12-31) -> ``DateTime64(p)`` ticks (a checked
       multiplication for p > 3, a division for p < 3: floored, the values being positive), as the
-      row mapper's ``coerce_ch._ch_datetime64`` computes them.
+      row mapper's ``coerce_ch._ch_datetime64`` computes them;
+    * ``coerced_decimal`` (a typed format's values as the row mapper's coercer rounded them, already
+      ``decimal(P, S)``) -> the column's decimal type, a checked cast that changes nothing;
+    * ``coerced_ticks`` (the row mapper's ``DateTime64(p)`` ticks, int64) -> ``timestamp`` of the
+      column's unit, the same integers.
     """
 
     def __init__(self, columns: Sequence[Any], types: Sequence[ChType], schema: Any) -> None:
@@ -123,6 +132,10 @@ class ColumnarConverter:
             while t.kind in ("nullable", "lowcardinality") and t.inner is not None:
                 t = t.inner
             factor = divisor = 1
+            coerced_for = _COERCED_FOR.get(staged.kind)
+            if coerced_for is not None and (t.kind != coerced_for or staged.precision != t.precision
+                                            or (coerced_for == "decimal" and staged.scale != t.scale)):
+                raise ValueError(f"column {staged.name!r}: {staged.kind} values staged for another type than {t.name}")
             if staged.kind == "epoch_ms":
                 if t.kind != "datetime64":
                     raise ValueError(f"column {staged.name!r}: epoch milliseconds for a {t.name} column")
