@@ -16,7 +16,8 @@ text that is not UTF-8. Schemas it does not read (nested records, arrays, maps, 
 other than with ``null``, named-type references, unknown logical types) compile to None: the
 caller decodes those per record.
 
-Pure; numpy is imported only when a schema is compiled.
+Pure; numpy is imported only when a schema is compiled, pyarrow only when staged decimals are read
+(:func:`_decimal_texts`).
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ class _Batch:
     def span(self, sel: Any) -> tuple[list[int], list[int]]:
         """Length-prefixed bytes (``bytes``, ``string``) at the offsets of ``sel``: their (start, end)
         offsets in ``data``, the offsets moved past them; a negative length is doubtful."""
+        start, stop = self.span_arrays(sel)
+        return start.tolist(), stop.tolist()
+
+    def span_arrays(self, sel: Any) -> tuple[Any, Any]:
+        """:meth:`span` as int64 arrays (``start <= stop``, both within the padded buffer)."""
         np = self.np
         n = self.varint(sel)
         negative = n < 0
@@ -93,7 +99,23 @@ class _Batch:
         self.pos[sel] = start + n
         self.settle(sel)
         stop = np.minimum(start + n, self.end[sel])
-        return start.tolist(), stop.tolist()
+        return start, stop
+
+    def signed_be(self, start: Any, stop: Any) -> Any:
+        """The big-endian two's-complement integers of the byte spans ``start``..``stop`` of at most 8
+        bytes each, as int64 (an empty span: 0)."""
+        np = self.np
+        length = stop - start
+        value = np.zeros(len(start), dtype=np.uint64)
+        for k in range(int(length.max(initial=0))):
+            has = k < length
+            byte = self.buf[np.where(has, start + k, 0)].astype(np.uint64)
+            value = np.where(has, (value << np.uint64(8)) | byte, value)
+        signed = value.view(np.int64)
+        negative = (length > 0) & (length < 8) & (self.buf[start] >= 0x80)
+        if negative.any():  # sign-extend the shorter ones (8 bytes are their own int64)
+            signed = np.where(negative, signed - (np.int64(1) << (8 * length)), signed)
+        return signed
 
 
 def compile_batch(schema: Any, through: Collection[str] | None = None,
@@ -319,17 +341,39 @@ def _staged_logical(name: str, schema: dict[str, Any], as_type: type) -> _Reader
         limit = 10**precision
 
         def read_decimals(batch: _Batch, sel: Any) -> list[Any]:
-            out: list[Any] = []
-            for b in _bytes(batch, sel):
-                unscaled = int.from_bytes(b, "big", signed=True)
-                if -limit < unscaled < limit:
-                    out.append(as_type(_decimal_text(unscaled, scale)))
-                else:  # the context rounds it: fastavro's own reader (str of its Decimal)
-                    out.append(as_type(exact(b, schema, None)))
+            np = batch.np
+            start, stop = batch.span_arrays(sel)
+            short = (stop - start) <= 8  # int64 values, their text made by Arrow's decimal128 (below)
+            unscaled = batch.signed_be(np.where(short, start, 0), np.where(short, stop, 0))
+            if precision <= 18:
+                short &= (unscaled > -limit) & (unscaled < limit)
+            out: list[Any] = list(map(as_type, _decimal_texts(np, unscaled, scale)))
+            if not short.all():
+                data = batch.data
+                for j in np.nonzero(~short)[0].tolist():
+                    b = data[start[j]:stop[j]]
+                    whole = int.from_bytes(b, "big", signed=True)
+                    if -limit < whole < limit:
+                        out[j] = as_type(_decimal_text(whole, scale))
+                    else:  # the context rounds it: fastavro's own reader (str of its Decimal)
+                        out[j] = as_type(exact(b, schema, None))
             return out
 
         return read_decimals
     return None
+
+
+def _decimal_texts(np: Any, unscaled: Any, scale: int) -> list[str]:
+    """:func:`_decimal_text` of each of the int64 ``unscaled``, by Arrow's ``decimal128`` cast to text
+    (the same text for ``0 <= scale <= 6``: plain digits with a point, as tests/unit/test_columnar_avro.py
+    holds it)."""
+    import pyarrow as pa
+
+    words = np.empty((len(unscaled), 2), dtype=np.int64)
+    words[:, 0] = unscaled
+    words[:, 1] = unscaled >> 63  # the high word of the 128-bit two's complement
+    array = pa.Array.from_buffers(pa.decimal128(38, scale), len(unscaled), [None, pa.py_buffer(words.tobytes())])
+    return array.cast(pa.string()).to_pylist()
 
 
 def _decimal_text(unscaled: int, scale: int) -> str:

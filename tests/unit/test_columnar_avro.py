@@ -491,15 +491,25 @@ def test_a_staged_reader_doubts_timestamps_fastavro_cannot_make_and_rounds_decim
     schema = parse_schema({"type": "record", "name": "Edge", "fields": [
         {"name": "ms", "type": {"type": "long", "logicalType": "timestamp-millis"}},
         {"name": "us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
-        {"name": "dec", "type": {"type": "bytes", "logicalType": "decimal", "precision": 3, "scale": 2}}]})
+        {"name": "dec", "type": {"type": "bytes", "logicalType": "decimal", "precision": 3, "scale": 2}},
+        {"name": "big", "type": {"type": "bytes", "logicalType": "decimal", "precision": 30, "scale": 6}}]})
     first_us, last_us = -62_135_596_800_000_000, 253_402_300_799_999_999
-    cases = [(first_us // 1000, first_us, 999), (last_us // 1000, last_us, -999), (0, 0, 1000), (5, 5, -123456),
-             (first_us // 1000 - 1, 0, 0), (last_us // 1000 + 1, 0, 0), (0, first_us - 1, 0), (0, last_us + 1, 0)]
+    # big: 8 bytes and 9 at each end of int64, the precision's edge, and fastavro's rounding beyond it
+    cases = [(first_us // 1000, first_us, 999, 2**63 - 1), (last_us // 1000, last_us, -999, -(2**63)),
+             (0, 0, 1000, 2**63), (5, 5, -123456, -(2**63) - 1), (1, 1, 7, 10**30 - 1), (2, 2, -7, -(10**30) - 1),
+             (first_us // 1000 - 1, 0, 0, 0), (last_us // 1000 + 1, 0, 0, 0), (0, first_us - 1, 0, 0),
+             (0, last_us + 1, 0, 0)]
+    # every length of two's complement up to 8 bytes, at both ends and next to them
+    cases[6:6] = [(0, 0, 0, u) for k in range(1, 9) for u in (-(2 ** (8 * k - 1)), -(2 ** (8 * k - 1)) + 1,
+                                                               2 ** (8 * k - 1) - 1, -(2 ** max(8 * k - 9, 0)) - 1)]
     datums = []
-    for ms, us, unscaled in cases:  # written by hand: fastavro's writer refuses the values beyond the edges
-        body = unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)
-        datums.append(_zigzag(ms) + _zigzag(us) + _zigzag(len(body)) + body)
-    reader = compile_batch(schema, None, {"ms": Micros, "us": Micros, "dec": Digits})
+    for ms, us, *unscaled in cases:  # written by hand: fastavro's writer refuses the values beyond the edges
+        datum = _zigzag(ms) + _zigzag(us)
+        for u in unscaled:
+            body = u.to_bytes((u.bit_length() + 8) // 8, "big", signed=True) if u else b""
+            datum += _zigzag(len(body)) + body
+        datums.append(datum)
+    reader = compile_batch(schema, None, {"ms": Micros, "us": Micros, "dec": Digits, "big": Digits})
     fields, bad = read_fields(reader, datums, 0)
     epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
     for j, datum in enumerate(datums):
@@ -512,7 +522,8 @@ def test_a_staged_reader_doubts_timestamps_fastavro_cannot_make_and_rounds_decim
         assert fields["ms"][j] == (doc["ms"] - epoch) // timedelta(microseconds=1) and type(fields["ms"][j]) is Micros
         assert fields["us"][j] == (doc["us"] - epoch) // timedelta(microseconds=1)
         assert fields["dec"][j] == str(doc["dec"]) and type(fields["dec"][j]) is Digits
-    assert bad == [False] * 4 + [True] * 4
+        assert fields["big"][j] == str(doc["big"]) and type(fields["big"][j]) is Digits
+    assert bad == [False] * (len(cases) - 4) + [True] * 4
 
 
 def _zigzag(n: int) -> bytes:
