@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import io
 import json
-import operator
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -95,9 +94,6 @@ _OBJECT_AT = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
 def _mismatch(what: str | wire.SchemaRef, why: str) -> InvalidRecord:
     name = what if isinstance(what, str) else wire.ref_text(what)
     return InvalidRecord("decode", "schema_mismatch", f"record value does not decode with {name}: {why}"[:300])
-
-
-_VALUE, _HEADERS = operator.attrgetter("value"), operator.attrgetter("headers")
 
 
 class AvroDecoder(RegistryDecoder):
@@ -198,20 +194,8 @@ class AvroDecoder(RegistryDecoder):
             groups[None] = list(range(n))
             offset = 0
         else:
-            values = list(map(_VALUE, records))
-            heads = {v[:5] for v in values} if None not in values else None
-            if heads is not None and len(heads) == 1 and not any(map(_HEADERS, records)):
-                head = heads.pop()  # the common batch: one writer schema, every value framed
-                if len(head) == 5 and head[0] == 0:
-                    groups[head[1:5]] = list(range(n))
-                else:
-                    slow = list(range(n))
-            else:
-                for i, (record, value) in enumerate(zip(records, values)):
-                    if not record.headers and value is not None and len(value) >= 5 and value[0] == 0:
-                        groups.setdefault(value[1:5], []).append(i)
-                    else:
-                        slow.append(i)
+            _, inline, slow = wire.inline_groups(records, 5)
+            groups = {head[1:5]: positions for head, positions in inline.items()}
         for raw_ref, positions in groups.items():
             reader = self._batch_reader(None if raw_ref is None else int.from_bytes(raw_ref, "big"),
                                         tuple(keys) if route else None, staged)
@@ -219,7 +203,7 @@ class AvroDecoder(RegistryDecoder):
                 slow += positions
                 continue
             whole = len(positions) == n
-            fields, bad = read_fields(reader, list(map(_VALUE, records)) if whole else
+            fields, bad = read_fields(reader, [r.value for r in records] if whole else
                                       [records[i].value for i in positions], offset)
             for key in keys:
                 got = fields.get(key)

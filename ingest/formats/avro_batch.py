@@ -296,9 +296,9 @@ def _logical(base: _Reader, convert: Callable[..., Any], schema: dict[str, Any])
     return read
 
 
-#: The microseconds since the epoch of the aware datetimes fastavro's ``timestamp-*`` readers can make
-#: (``datetime(1, 1, 1)`` to ``datetime.max``, UTC): beyond them it raises.
-_MICROS_MIN, _MICROS_MAX = -62_135_596_800_000_000, 253_402_300_799_999_999
+#: The microseconds since the epoch of the aware datetimes there are (``datetime(1, 1, 1)`` to
+#: ``datetime.max``, UTC): beyond them fastavro's ``timestamp-*`` readers raise.
+DATETIME_MICROS_MIN, DATETIME_MICROS_MAX = -62_135_596_800_000_000, 253_402_300_799_999_999
 #: Decimal scales whose text :func:`_decimal_text` writes as ``str(Decimal)`` does (plain notation: an
 #: exponent of at least -6 always keeps Python's ``str`` out of scientific notation).
 _MAX_PLAIN_SCALE = 6
@@ -324,7 +324,7 @@ def _staged_logical(name: str, schema: dict[str, Any], as_type: type) -> _Reader
         def read_micros(batch: _Batch, sel: Any) -> list[Any]:
             values = batch.varint(sel)
             np = batch.np
-            lo, hi = -(_MICROS_MIN // -factor), _MICROS_MAX // factor  # the values whose micros are in range
+            lo, hi = -(DATETIME_MICROS_MIN // -factor), DATETIME_MICROS_MAX // factor  # the values whose micros are in range
             out = (values < lo) | (values > hi)
             if out.any():
                 batch.bad[sel[out]] = True

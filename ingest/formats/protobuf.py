@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import datetime as dt
 import keyword
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from ingest.errors import FatalPipelineError, InvalidRecord, TransientError
 from ingest.formats import wire
+from ingest.formats.avro_batch import DATETIME_MICROS_MAX, DATETIME_MICROS_MIN
 from ingest.formats.registered import RegistryDecoder
 from ingest.formats.schemas import SchemaStore
 from ingest.types import Record
@@ -53,6 +54,7 @@ class ProtoSchema:
         self._pool = pool
         self._file = file_proto
         self._messages: dict[tuple[int, ...], tuple[Any, Callable[[Any], dict[str, Any]]]] = {}
+        self._converters: dict[tuple[Any, Any], Callable[[Any], dict[str, Any]]] = {}
 
     def message(self, indexes: Sequence[int]) -> tuple[Any, Callable[[Any], dict[str, Any]]]:
         """``(message class, converter)`` of the message at ``indexes``; ValueError when there is none."""
@@ -64,6 +66,15 @@ class ProtoSchema:
             descriptor = self._pool.FindMessageTypeByName(self._full_name(key))
             found = (message_factory.GetMessageClass(descriptor), converter(descriptor))
             self._messages[key] = found
+        return found
+
+    def first_converter(self, only: tuple[str, ...] | None,
+                        staged: tuple[tuple[str, type], ...] | None) -> Callable[[Any], dict[str, Any]]:
+        """The converter of the first message (indexes ``[0]``) with :func:`converter`'s ``only`` and
+        ``staged`` (as sorted pairs); ValueError when there is no such message."""
+        found = self._converters.get((only, staged))
+        if found is None:
+            found = self._converters[only, staged] = converter(self.descriptor(), only, dict(staged or ()))
         return found
 
     def descriptor(self, indexes: Sequence[int] = (0,)) -> Any:
@@ -119,9 +130,14 @@ def _add_references(schema: Any, store: SchemaStore | None, pool: Any, seen: set
         pool.Add(to_proto(ref.name, referenced.schema_str))
 
 
-def converter(descriptor: Any) -> Callable[[Any], dict[str, Any]]:
+def converter(descriptor: Any, only: Collection[str] | None = None,
+              staged: Mapping[str, type] | None = None) -> Callable[[Any], dict[str, Any]]:
     """A function message → dict by field name, for messages of ``descriptor`` (see the module
-    docstring for what each kind of field becomes).
+    docstring for what each kind of field becomes); ``only``: of these fields alone (each exactly as
+    the whole converter gives it: lane routing reads the key fields so); ``staged``: fields whose
+    ``google.protobuf.Timestamp`` (not repeated) is given as that ``int`` subclass of its microseconds
+    since the epoch (the columnar plan's staged form of the datetime it would be), raising ValueError
+    where that datetime does not exist (the whole converter raises OverflowError there).
 
     Compiled once per message type into straight-line code (one attribute read per field, a
     ``HasField`` test only for fields with presence), since it runs for every record."""
@@ -129,8 +145,12 @@ def converter(descriptor: Any) -> Callable[[Any], dict[str, Any]]:
     env: dict[str, Any] = {}
     for i, field in enumerate(descriptor.fields):
         name = field.name
+        if only is not None and name not in only:
+            continue
         read = f"m.{name}" if name.isidentifier() and not keyword.iskeyword(name) else f"getattr(m, {name!r})"
-        value_of = _value_converter(field)
+        as_type = (staged or {}).get(name)
+        value_of = _staged_timestamp(as_type) if as_type is not None and _is_timestamp(field) \
+            else _value_converter(field)
         if value_of is not None:
             env[f"c{i}"] = value_of
             read = f"c{i}({read})"
@@ -142,6 +162,26 @@ def converter(descriptor: Any) -> Callable[[Any], dict[str, Any]]:
     lines.append("    return out")
     exec(compile("\n".join(lines), f"<protobuf converter {descriptor.full_name}>", "exec"), env)  # noqa: S102
     return env["convert"]  # type: ignore[no-any-return]
+
+
+def _is_timestamp(field: Any) -> bool:
+    """A single (not repeated) ``google.protobuf.Timestamp`` field."""
+    return not field.is_repeated and field.message_type is not None \
+        and field.message_type.full_name == "google.protobuf.Timestamp"
+
+
+def _staged_timestamp(as_type: type) -> Callable[[Any], Any]:
+    """A Timestamp as ``as_type`` of the microseconds since the epoch of the datetime
+    :func:`_single_converter` makes of it (``_EPOCH + timedelta(seconds, microseconds=nanos // 1000)``);
+    ValueError where that datetime does not exist."""
+
+    def stage(m: Any) -> Any:
+        micros = m.seconds * 1_000_000 + m.nanos // 1000
+        if not DATETIME_MICROS_MIN <= micros <= DATETIME_MICROS_MAX:
+            raise ValueError(f"{micros} microseconds since the epoch is beyond datetime")
+        return as_type(micros)
+
+    return stage
 
 
 def _value_converter(field: Any) -> Any:
@@ -190,11 +230,67 @@ class ProtobufDecoder(RegistryDecoder):
     name = "protobuf"
     document = "a Protobuf message"
     registry_format = "serialized"
-    #: the columnar plan may read this decoder's documents (``decode_batch``: each message parsed by
+    #: the columnar plan may read this decoder's documents (:meth:`decode_fields`: each message parsed by
     #: protobuf and converted exactly as :meth:`decode` does; a record it refuses is left to the row mapper)
     columnar_documents = True
+    #: :meth:`decode_fields` takes ``staged`` (the plan's ``documents_stage``)
+    stages_logical_types = True
     parse = staticmethod(parse_protobuf)
     has_path = staticmethod(lambda schema, steps: has_path(schema.descriptor(), steps))
+
+    def decode_fields(self, records: Sequence[Record], keys: Sequence[str],
+                      staged: Mapping[str, type] | None = None) -> tuple[list[list[Any]], set[int]]:
+        """For the columnar plan: per key of ``keys``, each record's value of that top-level field (None
+        where its document lacks it), and the positions of the records whose decode fails (the row
+        mapper decides them). The values are exactly what :meth:`decode` gives: the records in the
+        classic inline format (magic byte, schema id, message indexes ``[0]``) are parsed and
+        converted a writer schema at a time -- its message class and converter looked up once, not per
+        record -- and every other record, or one whose parse or conversion raises, by :meth:`decode`.
+        Raises what :meth:`decode` raises but InvalidRecord (a registry that cannot answer).
+        ``staged``: keys whose Timestamps the caller stages as they are, with the type to give them as
+        (:func:`converter`'s ``staged``; the records :meth:`decode` decodes give datetimes)."""
+        return self._fields(records, keys, route=False, staged=staged)
+
+    def route_fields(self, records: Sequence[Record], keys: Sequence[str]) -> tuple[list[list[Any]], set[int]]:
+        """:meth:`decode_fields` for lane routing: only the fields ``keys`` converted (each exactly as
+        :meth:`decode` converts it), for the records it vouches for."""
+        return self._fields(records, keys, route=True)
+
+    def _fields(self, records: Sequence[Record], keys: Sequence[str], *, route: bool,
+                staged: Mapping[str, type] | None = None) -> tuple[list[list[Any]], set[int]]:
+        n = len(records)
+        docs: list[Any] = [None] * n
+        if self._field != "value" or self._store is None:
+            values: list[Any] = []
+            groups: dict[bytes, list[int]] = {}
+            slow = list(range(n))
+        else:
+            values, groups, slow = wire.inline_groups(records, 6)
+        for head, positions in groups.items():
+            try:
+                schema: ProtoSchema = self._store.prepared(int.from_bytes(head[1:5], "big"))  # type: ignore[union-attr]
+                cls, convert = schema.message([0])
+                if route or staged:
+                    convert = schema.first_converter(tuple(keys) if route else None,
+                                                     tuple(sorted(staged.items())) if staged else None)
+            except Exception:  # noqa: BLE001 - an unknown id, no such message...: decode() decides each
+                slow += positions
+                continue
+            parse = cls.FromString
+            for i in positions:
+                try:
+                    docs[i] = convert(parse(values[i][6:]))  # type: ignore[index]
+                except Exception:  # noqa: BLE001 - a parse or conversion error: decode() decides
+                    slow.append(i)
+        for i in slow:
+            try:
+                docs[i] = self.decode(records[i])
+            except InvalidRecord:
+                docs[i] = None
+        rejected = {i for i, doc in enumerate(docs) if type(doc) is not dict}
+        if rejected:
+            docs = [doc if type(doc) is dict else {} for doc in docs]
+        return [[doc.get(key) for doc in docs] for key in keys], rejected
 
     def decode(self, record: Record) -> Any:
         store = self._store

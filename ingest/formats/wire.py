@@ -19,6 +19,8 @@ topic, say) or is too short to hold its id.
 from __future__ import annotations
 
 import io
+import operator
+from collections.abc import Sequence
 from typing import Literal
 
 from ingest.errors import InvalidRecord
@@ -125,3 +127,36 @@ def describe(record: Record, field: Field = "value") -> str | None:
         return f"{field} {ref_text(split(record, field)[0])}"
     except InvalidRecord:
         return None
+
+
+_VALUE, _HEADERS = operator.attrgetter("value"), operator.attrgetter("headers")
+
+
+def inline_groups(records: Sequence[Record], head: int) -> tuple[list[bytes | None], dict[bytes, list[int]], list[int]]:
+    """For a batch decoder of values: each record's value, the positions of the records in the classic
+    inline format grouped by the value's first ``head`` bytes (magic byte ``0``, the 4-byte schema id,
+    and for Protobuf (``head`` 6) the one-zero-byte message indexes ``[0]``), and the positions of every
+    other record (a header, another prefix, a tombstone: the decoder's own per-record path decides).
+    One writer schema's batch -- the common one -- is grouped without a loop per record."""
+    values: list[bytes | None] = list(map(_VALUE, records))
+    groups: dict[bytes, list[int]] = {}
+    slow: list[int] = []
+    heads = {v[:head] for v in values} if None not in values else None
+    if heads is not None and len(heads) == 1 and not any(map(_HEADERS, records)):
+        prefix = heads.pop()
+        if _inline(prefix, head):
+            groups[prefix] = list(range(len(values)))
+        else:
+            slow = list(range(len(values)))
+        return values, groups, slow
+    for i, (record, value) in enumerate(zip(records, values)):
+        if not record.headers and value is not None and _inline(value[:head], head):
+            groups.setdefault(value[:head], []).append(i)
+        else:
+            slow.append(i)
+    return values, groups, slow
+
+
+def _inline(prefix: bytes, head: int) -> bool:
+    """``prefix`` (a value's first ``head`` bytes) is the classic inline format's."""
+    return len(prefix) == head and prefix[0] == 0 and (head == 5 or prefix[5] == 0)
