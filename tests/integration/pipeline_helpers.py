@@ -524,22 +524,26 @@ def run_pipeline_on_off(tmp_path: Path, bootstrap: str, topic: str, dlq_dsn: str
 
 
 def registry_runs_on_off(tmp_path: Path, bootstrap: str, topic: str, dsn: str, registry_url: str, *, fmt: str,
-                         prefix: str, columns: dict[str, Any], delivery: str, lanes: int) -> list[tuple[dict, list, list]]:
+                         prefix: str, columns: dict[str, Any], delivery: str, lanes: int,
+                         sink: dict[str, Any] | None = None, read: Callable[[Any, str], Any] | None = None,
+                         **pipeline: Any) -> list[tuple[dict, Any, list]]:
     """A registry format's (``fmt``) pipeline over ``topic`` into PostgreSQL, by rows and then with the
     columnar tier (the default), each into a table of its own named from ``prefix``: per run, its summary
-    stats, its table's rows (``columns`` in that order, by ``id``) and its DLQ rows (as
-    :func:`run_pipeline_on_off` gives them)."""
+    stats, its table's rows (``columns`` in that order, by ``id``; or what ``read(connection, table name)``
+    returns) and its DLQ rows (as :func:`run_pipeline_on_off` gives them). ``sink``: more sink settings
+    (``version_column``...); ``pipeline``: more pipeline settings (``envelope``, ``deletes``...)."""
     runs = []
     for name, columnar in ((f"{prefix}rows", False), (f"{prefix}cols", None)):  # None: on where it fits
         name += ("_eo" if delivery == "exactly_once" else "") + ("_l2" if lanes == 2 else "")
         stats, dlq = run_pipeline_on_off(tmp_path, bootstrap, topic, dsn, {
-            "name": name, "lanes": lanes, "format": fmt,
+            "name": name, "lanes": lanes, "format": fmt, **pipeline,
             "sink": {"kind": "postgres", "dsn": dsn, "table": name, "conflict_key": ["id"], "columns": columns,
-                     "delivery": delivery},
+                     "delivery": delivery, **(sink or {})},
             "dlq": {"kind": "postgres", "table": f"{name}_dlq"},
         }, columnar, top={"schema_registry": {"url": registry_url}})
         with psycopg.connect(dsn) as conn:
-            rows = conn.execute(f'SELECT {", ".join(columns)} FROM "{name}" ORDER BY id').fetchall()
+            rows = (read(conn, name) if read is not None
+                    else conn.execute(f'SELECT {", ".join(columns)} FROM "{name}" ORDER BY id').fetchall())
         runs.append((stats, rows, dlq))
     return runs
 
