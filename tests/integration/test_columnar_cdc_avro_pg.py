@@ -1,0 +1,206 @@
+"""Debezium change events in the registry formats (``envelope: debezium`` with ``format: avro`` and
+``json_schema``) on the columnar tier against the row path, end to end: the real broker, the registry
+stand-in over HTTP, real PostgreSQL (issue #38 item 1).
+
+Avro: the simulated source table's stream (``harness.cdc_source``: creates, updates, deletes with and
+without a ``before`` image, their tombstones, key changes, short-lived rows) as Debezium's Avro converter
+writes it -- the ``Envelope`` record of test_cdc_formats.py with nullable ``before``/``after`` records,
+Avro keys -- in two writer schemas interleaved (V2: a column added, ``qty`` widened to ``long``, decimals
+of a finer scale than the column's, which PostgreSQL rounds, ``timestamp-micros`` instead of
+``timestamp-millis``, a ``date`` no column reads), with hostile records mixed in: truncated datums, a byte
+left over, an unknown schema id, no magic byte, garbage, a value out of a column's range, a NUL, an op
+Debezium never writes, a truncate, a delete whose key does not decode, a delete without its version.
+JSON Schema: test_columnar_cdc_pg.py's schemaless stream behind the wire-format prefix, with records the
+decoder refuses before any JSON is read. Each run by ``ingest run`` with the tier on and off: the same
+table and tombstone table, the same DLQ entries (partition, offset, stage, error class, message),
+offsets committed at the log end by both, the tier stated (``write_tier: columnar``) and taking most
+records (``columnar_records``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any
+
+import orjson
+import pytest
+from fastavro import parse_schema, schemaless_writer
+from harness.cdc_source import SourceTable, partition_of, produce_stream
+from pipeline_helpers import registry_runs_on_off
+from test_cdc_formats import JSON_SCHEMA, KEY_SCHEMA, VALUE_SCHEMA, Source
+from test_columnar_cdc_pg import COLUMNS as JSON_COLUMNS
+from test_columnar_cdc_pg import PARTITIONS, assert_same_changes, read_changes
+from test_columnar_cdc_pg import _stream as json_stream
+
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _envelope_schema(value_fields: list[dict[str, Any]]) -> dict[str, Any]:
+    """test_cdc_formats.py's Debezium ``Envelope`` with these fields in its ``Value`` record."""
+    schema = json.loads(VALUE_SCHEMA)
+    schema["fields"][0]["type"][1]["fields"] = value_fields
+    return schema
+
+
+def _nullable(name: str, avro_type: Any) -> dict[str, Any]:
+    return {"name": name, "type": ["null", avro_type], "default": None}
+
+
+def _decimal(precision: int, scale: int) -> dict[str, Any]:
+    return {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": scale,
+            "connect.name": "org.apache.kafka.connect.data.Decimal"}
+
+
+#: time.precision.mode=connect: timestamp-millis
+V1 = _envelope_schema([
+    {"name": "id", "type": "long"}, _nullable("name", "string"), _nullable("price", _decimal(12, 2)),
+    _nullable("qty", "int"), _nullable("updated_at", {"type": "long", "logicalType": "timestamp-millis"})])
+#: ``note`` added, ``qty`` widened, ``price`` of a finer scale, microseconds, a date no column reads
+V2 = _envelope_schema([
+    {"name": "id", "type": "long"}, _nullable("name", "string"), _nullable("price", _decimal(14, 4)),
+    _nullable("qty", "long"), _nullable("updated_at", {"type": "long", "logicalType": "timestamp-micros"}),
+    _nullable("note", "string"), _nullable("born", {"type": "int", "logicalType": "date"})])
+PARSED = {"v1": parse_schema(V1), "v2": parse_schema(V2), "key": parse_schema(json.loads(KEY_SCHEMA))}
+
+AVRO_COLUMNS = {
+    "id": {"type": "bigint"},
+    "name": {"type": "text"},
+    "price": {"type": "numeric(12,2)"},
+    "qty": {"type": "integer"},
+    "updated_at": {"type": "timestamptz"},
+    "note": {"type": "text"},
+    "lsn": {"type": "bigint", "source": "@source.lsn"},
+}
+AVRO_SELECT = "id, name, price::text, qty, updated_at::text, note, lsn"
+JSON_SELECT = "id, name, price::text, qty, updated_at::text, lsn"
+
+
+def _framed(schema_id: int, schema: str, doc: dict[str, Any]) -> bytes:
+    """``doc`` in the wire format: magic byte, ``schema_id``, the Avro datum of the parsed schema ``schema``."""
+    buf = io.BytesIO()
+    schemaless_writer(buf, PARSED[schema], doc)
+    return b"\x00" + struct.pack(">I", schema_id) + buf.getvalue()
+
+
+def _image(image: dict[str, Any] | None, version: str, salt: int) -> dict[str, Any] | None:
+    """A row image of the schemaless JSON stream (decimal text, epoch milliseconds) as the Avro converter's
+    ``Value`` of ``version``; V2's values varied by ``salt`` (sub-cent digits, microseconds, the new fields)."""
+    if image is None:
+        return None
+    price, ms = image.get("price"), image.get("updated_at")
+    out = {"id": image["id"], "name": image.get("name"), "qty": image.get("qty"),
+           "price": None if price is None else Decimal(price),
+           "updated_at": None if ms is None else EPOCH + timedelta(milliseconds=ms)}
+    if version == "v2":
+        if out["price"] is not None and abs(out["price"]) < 10**9:
+            out["price"] += Decimal(salt % 100).scaleb(-4)  # half-way cases of the column's scale among them
+        if out["updated_at"] is not None:
+            out["updated_at"] += timedelta(microseconds=salt % 1000)
+        out["note"] = None if salt % 5 == 0 else f"note {salt % 13}"
+        out["born"] = date(2000, 1, 1) + timedelta(days=salt % 9000)
+    return out
+
+
+def _event(op: str, before: Any, after: Any, lsn: int | None) -> dict[str, Any]:
+    """A hostile event's envelope (test_cdc_formats.py's, its ``source.lsn`` set to ``lsn``)."""
+    envelope = Source.envelope(op, before, after, 0)
+    envelope["source"]["lsn"] = lsn
+    return envelope
+
+
+def _avro_stream(ids: dict[str, int]) -> list[tuple]:
+    """About 2400 records over 250 keys (see the module docstring), each hostile one in its key's partition."""
+    source = SourceTable(39, keys=250, partitions=PARTITIONS, delete_frac=0.2, schemas=False, encoding="string",
+                         rekey_frac=0.02, null_before_frac=0.05, short_lived_frac=0.01)
+    out: list[tuple] = []
+    for i, (key, value, part, headers) in enumerate(source.events(2000)):
+        avro_key = _framed(ids["key"], "key", orjson.loads(key))
+        if value is not None:
+            event, version = orjson.loads(value), "v2" if i % 3 == 0 else "v1"
+            value = _framed(ids[version], version, {**event, "before": _image(event["before"], version, i),
+                                                    "after": _image(event["after"], version, i)})
+        out.append((avro_key, value, part, headers))
+        key_id = 10_000 + i
+        row = {"id": key_id, "name": "h", "price": None, "qty": None, "updated_at": None}
+        hostile = None
+        if i % 97 == 3:
+            hostile = _framed(ids["v1"], "v1", _event("c", None, row, 5 + i))[:-3]  # truncated: schema_mismatch
+        elif i % 113 == 21:
+            hostile = _framed(ids["v1"], "v1", _event("c", None, row, 5 + i)) + b"\x02"  # a byte left over
+        elif i % 101 == 5:
+            hostile = b"\x00" + struct.pack(">I", 9999) + b"\x00\x02"  # unknown_schema
+        elif i % 103 == 7:
+            hostile = b"\x7b" + _framed(ids["v1"], "v1", _event("c", None, row, 5 + i))[1:]  # no magic byte
+        elif i % 107 == 9:
+            hostile = b"\x00" + struct.pack(">I", ids["v1"]) + b"\xff\xff\xff"  # garbage
+        elif i % 89 == 11:  # out of range for the integer column: poison
+            hostile = _framed(ids["v2"], "v2", _event("u", None, {**row, "qty": 2**40}, 5 + i))
+        elif i % 71 == 13:
+            hostile = _framed(ids["v1"], "v1", _event("c", None, {**row, "name": "nul\x00"}, 5 + i))  # poison
+        elif i % 109 == 15:
+            hostile = _framed(ids["v1"], "v1", _event("x", None, row, 5 + i))  # an op Debezium never writes
+        elif i % 211 == 17:
+            hostile = _framed(ids["v1"], "v1", _event("t", None, None, 5 + i))  # a truncate (ignored by default)
+        elif i % 79 == 19:  # a delete without a before image whose key does not decode: poison
+            out.append((b"not avro", _framed(ids["v1"], "v1", _event("d", None, None, 5 + i)),
+                        partition_of(key_id, PARTITIONS), None))
+        elif i == 777:  # a delete without its version: its batch goes by rows
+            hostile = _framed(ids["v1"], "v1", _event("d", row, None, None))
+        if hostile is not None:
+            out.append((_framed(ids["key"], "key", {"id": key_id}), hostile, partition_of(key_id, PARTITIONS), None))
+    return out
+
+
+def _json_schema_stream(schema_id: int) -> list[tuple]:
+    """test_columnar_cdc_pg.py's schemaless stream, its values behind the wire-format prefix of ``schema_id``,
+    but for records the decoder refuses before any JSON is read: no prefix, an unknown schema id."""
+    out = []
+    for i, (key, value, part, headers) in enumerate(json_stream(False)):
+        if value is not None and i % 113 != 1:
+            value = b"\x00" + struct.pack(">I", 9999 if i % 127 == 2 else schema_id) + value
+        out.append((key, value, part, headers))
+    return out
+
+
+def _runs(tmp_path: Any, kafka_bootstrap: str, topic: str, pg_dsn: str, registry_url: str, fmt: str,
+          columns: dict[str, Any], select: str, mode: str, delivery: str, lanes: int, **pipeline: Any) -> list[tuple]:
+    """The stream on ``topic`` by rows and on the tier: per run ``(stats, rows, tombstones, DLQ rows)``."""
+    runs = registry_runs_on_off(tmp_path, kafka_bootstrap, topic, pg_dsn, registry_url, fmt=fmt, prefix=f"cdc{mode}",
+                                columns=columns, delivery=delivery, lanes=lanes, sink={"version_column": "lsn"},
+                                read=lambda conn, name: read_changes(conn, name, select, mode),
+                                envelope="debezium", deletes={"mode": mode}, **pipeline)
+    return [(stats, *changes, dlq) for stats, changes, dlq in runs]
+
+
+@pytest.mark.parametrize(("lanes", "mode", "delivery"), [(2, "hard", "at_least_once"), (1, "soft", "exactly_once")])
+def test_an_avro_cdc_run_on_the_columnar_tier_writes_what_the_row_path_does(
+        kafka_bootstrap, pg_dsn, new_topic, tmp_path, schema_registry, lanes, mode, delivery):
+    topic = new_topic(PARTITIONS)
+    ids = {name: schema_registry.register(f"{topic}-value", json.dumps(schema)) for name, schema in (("v1", V1),
+                                                                                                    ("v2", V2))}
+    ids["key"] = schema_registry.register(f"{topic}-key", KEY_SCHEMA)
+    records = _avro_stream(ids)
+    assert produce_stream(kafka_bootstrap, topic, records) == len(records)
+    by_rows, by_cols = _runs(tmp_path, kafka_bootstrap, topic, pg_dsn, schema_registry.url, "avro", AVRO_COLUMNS,
+                             AVRO_SELECT, mode, delivery, lanes, key_format="avro")
+    assert_same_changes(by_rows, by_cols, mode, len(records))
+    rows, dlq = by_rows[1], by_rows[3]
+    assert {r[3] for r in dlq} == {"schema_mismatch", "unknown_schema", "bad_magic_byte", "out_of_range",
+                                   "invalid_value", "not_a_change_event"}, {r[3] for r in dlq}
+    assert {r[5] for r in rows} > {None}  # V2's added column
+
+
+def test_a_json_schema_cdc_run_on_the_columnar_tier_writes_what_the_row_path_does(
+        kafka_bootstrap, pg_dsn, new_topic, tmp_path, schema_registry):
+    """Soft deletes, two lanes: each event routed by its row's key read after the prefix."""
+    topic = new_topic(PARTITIONS)
+    records = _json_schema_stream(schema_registry.register(f"{topic}-value", JSON_SCHEMA, "JSON"))
+    assert produce_stream(kafka_bootstrap, topic, records) == len(records)
+    by_rows, by_cols = _runs(tmp_path, kafka_bootstrap, topic, pg_dsn, schema_registry.url, "json_schema",
+                             JSON_COLUMNS, JSON_SELECT, "soft", "at_least_once", 2)
+    assert_same_changes(by_rows, by_cols, "soft", len(records))
+    assert {"bad_magic_byte", "unknown_schema", "invalid_json"} <= {r[3] for r in by_rows[3]}
