@@ -148,7 +148,7 @@ def _avro_stream(ids: dict[str, int]) -> list[tuple]:
         elif i % 79 == 19:  # a delete without a before image whose key does not decode: poison
             out.append((b"not avro", _framed(ids["v1"], "v1", _event("d", None, None, 5 + i)),
                         partition_of(key_id, PARTITIONS), None))
-        elif i == 777:  # a delete without its version: its batch goes by rows
+        elif i == 777:  # a delete without its version (missing_field): its batch goes by rows
             hostile = _framed(ids["v1"], "v1", _event("d", row, None, None))
         if hostile is not None:
             out.append((_framed(ids["key"], "key", {"id": key_id}), hostile, partition_of(key_id, PARTITIONS), None))
@@ -190,7 +190,7 @@ def test_an_avro_cdc_run_on_the_columnar_tier_writes_what_the_row_path_does(
     assert_same_changes(by_rows, by_cols, mode, len(records))
     rows, dlq = by_rows[1], by_rows[3]
     assert {r[3] for r in dlq} == {"schema_mismatch", "unknown_schema", "bad_magic_byte", "out_of_range",
-                                   "invalid_value", "not_a_change_event"}, {r[3] for r in dlq}
+                                   "invalid_value", "not_a_change_event", "missing_field"}, {r[3] for r in dlq}
     assert {r[5] for r in rows} > {None}  # V2's added column
 
 
