@@ -32,6 +32,7 @@ from fastavro import parse_schema, schemaless_writer
 from harness.cdc_source import SourceTable, partition_of, produce_stream
 from pipeline_helpers import registry_runs_on_off
 from test_cdc_formats import JSON_SCHEMA, KEY_SCHEMA, VALUE_SCHEMA, Source
+from test_cdc_formats import _encode_protobuf as encode_protobuf
 from test_columnar_cdc_pg import COLUMNS as JSON_COLUMNS
 from test_columnar_cdc_pg import PARTITIONS, assert_same_changes, read_changes
 from test_columnar_cdc_pg import _stream as json_stream
@@ -76,6 +77,8 @@ AVRO_COLUMNS = {
     "lsn": {"type": "bigint", "source": "@source.lsn"},
 }
 AVRO_SELECT = "id, name, price::text, qty, updated_at::text, note, lsn"
+PROTOBUF_COLUMNS = {name: AVRO_COLUMNS[name] for name in ("id", "name", "price", "updated_at", "lsn")}
+PROTOBUF_SELECT = "id, name, price::text, updated_at::text, lsn"
 JSON_SELECT = "id, name, price::text, qty, updated_at::text, lsn"
 
 
@@ -86,22 +89,28 @@ def _framed(schema_id: int, schema: str, doc: dict[str, Any]) -> bytes:
     return b"\x00" + struct.pack(">I", schema_id) + buf.getvalue()
 
 
-def _image(image: dict[str, Any] | None, version: str, salt: int) -> dict[str, Any] | None:
-    """A row image of the schemaless JSON stream (decimal text, epoch milliseconds) as the Avro converter's
-    ``Value`` of ``version``; V2's values varied by ``salt`` (sub-cent digits, microseconds, the new fields)."""
+def _value(image: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A row image of the schemaless JSON stream (decimal text, epoch milliseconds) with Python values, as the
+    registry formats carry them (Decimal, aware datetime)."""
     if image is None:
         return None
     price, ms = image.get("price"), image.get("updated_at")
-    out = {"id": image["id"], "name": image.get("name"), "qty": image.get("qty"),
-           "price": None if price is None else Decimal(price),
-           "updated_at": None if ms is None else EPOCH + timedelta(milliseconds=ms)}
-    if version == "v2":
-        if out["price"] is not None and abs(out["price"]) < 10**9:
-            out["price"] += Decimal(salt % 100).scaleb(-4)  # half-way cases of the column's scale among them
-        if out["updated_at"] is not None:
-            out["updated_at"] += timedelta(microseconds=salt % 1000)
-        out["note"] = None if salt % 5 == 0 else f"note {salt % 13}"
-        out["born"] = date(2000, 1, 1) + timedelta(days=salt % 9000)
+    return {"id": image["id"], "name": image.get("name"), "qty": image.get("qty"),
+            "price": None if price is None else Decimal(price),
+            "updated_at": None if ms is None else EPOCH + timedelta(milliseconds=ms)}
+
+
+def _v2(image: dict[str, Any] | None, salt: int) -> dict[str, Any] | None:
+    """``image`` as V2's ``Value``, its values varied by ``salt`` (sub-cent digits, microseconds, new fields)."""
+    if image is None:
+        return None
+    out = dict(image)
+    if out["price"] is not None and abs(out["price"]) < 10**9:
+        out["price"] += Decimal(salt % 100).scaleb(-4)  # half-way cases of the column's scale among them
+    if out["updated_at"] is not None:
+        out["updated_at"] += timedelta(microseconds=salt % 1000)
+    out["note"] = None if salt % 5 == 0 else f"note {salt % 13}"
+    out["born"] = date(2000, 1, 1) + timedelta(days=salt % 9000)
     return out
 
 
@@ -112,47 +121,81 @@ def _event(op: str, before: Any, after: Any, lsn: int | None) -> dict[str, Any]:
     return envelope
 
 
-def _avro_stream(ids: dict[str, int]) -> list[tuple]:
-    """About 2400 records over 250 keys (see the module docstring), each hostile one in its key's partition."""
+#: An event of the stream, format-neutral: (key id, envelope with Python values -- None: a tombstone --,
+#: partition, headers, how its encoded record is spoiled: one of SPOILED's keys, ``key``, or None)
+Event = tuple[int, dict[str, Any] | None, int, Any, str | None]
+#: how an encoded value is spoiled
+SPOILED = {
+    "truncated": lambda v: v[:-3],  # schema_mismatch
+    "extra": lambda v: v + b"\x02",  # a byte left over: schema_mismatch
+    "unknown": lambda v: b"\x00" + struct.pack(">I", 9999) + v[5:],  # unknown_schema
+    "magic": lambda v: b"\x7b" + v[1:],  # no magic byte: bad_magic_byte
+    "garbage": lambda v: v[:5] + b"\xff\xff\xff",  # schema_mismatch
+}
+
+
+def _events() -> list[Event]:
+    """About 2400 events over 250 keys (see the module docstring), each hostile one in its key's partition."""
     source = SourceTable(39, keys=250, partitions=PARTITIONS, delete_frac=0.2, schemas=False, encoding="string",
                          rekey_frac=0.02, null_before_frac=0.05, short_lived_frac=0.01)
-    out: list[tuple] = []
+    out: list[Event] = []
     for i, (key, value, part, headers) in enumerate(source.events(2000)):
-        avro_key = _framed(ids["key"], "key", orjson.loads(key))
-        if value is not None:
-            event, version = orjson.loads(value), "v2" if i % 3 == 0 else "v1"
-            value = _framed(ids[version], version, {**event, "before": _image(event["before"], version, i),
-                                                    "after": _image(event["after"], version, i)})
-        out.append((avro_key, value, part, headers))
+        event = None if value is None else orjson.loads(value)
+        if event is not None:
+            event = {**event, "before": _value(event["before"]), "after": _value(event["after"])}
+        out.append((orjson.loads(key)["id"], event, part, headers, None))
         key_id = 10_000 + i
         row = {"id": key_id, "name": "h", "price": None, "qty": None, "updated_at": None}
-        hostile = None
-        if i % 97 == 3:
-            hostile = _framed(ids["v1"], "v1", _event("c", None, row, 5 + i))[:-3]  # truncated: schema_mismatch
-        elif i % 113 == 21:
-            hostile = _framed(ids["v1"], "v1", _event("c", None, row, 5 + i)) + b"\x02"  # a byte left over
-        elif i % 101 == 5:
-            hostile = b"\x00" + struct.pack(">I", 9999) + b"\x00\x02"  # unknown_schema
-        elif i % 103 == 7:
-            hostile = b"\x7b" + _framed(ids["v1"], "v1", _event("c", None, row, 5 + i))[1:]  # no magic byte
-        elif i % 107 == 9:
-            hostile = b"\x00" + struct.pack(">I", ids["v1"]) + b"\xff\xff\xff"  # garbage
-        elif i % 89 == 11:  # out of range for the integer column: poison
-            hostile = _framed(ids["v2"], "v2", _event("u", None, {**row, "qty": 2**40}, 5 + i))
+        spoiled = next((how for how, every in (("truncated", 97), ("extra", 113), ("unknown", 101), ("magic", 103),
+                                               ("garbage", 107), ("key", 79)) if i % every == 3), None)
+        if spoiled == "key":  # a delete without a before image whose key does not decode: poison
+            hostile = _event("d", None, None, 5 + i)
+        elif spoiled is not None:
+            hostile = _event("c", None, row, 5 + i)
+        elif i % 89 == 11:
+            hostile = _event("u", None, {**row, "qty": 2**40}, 5 + i)  # out of range for the integer column
         elif i % 71 == 13:
-            hostile = _framed(ids["v1"], "v1", _event("c", None, {**row, "name": "nul\x00"}, 5 + i))  # poison
+            hostile = _event("c", None, {**row, "name": "nul\x00"}, 5 + i)  # NUL: poison
         elif i % 109 == 15:
-            hostile = _framed(ids["v1"], "v1", _event("x", None, row, 5 + i))  # an op Debezium never writes
+            hostile = _event("x", None, row, 5 + i)  # an op Debezium never writes
         elif i % 211 == 17:
-            hostile = _framed(ids["v1"], "v1", _event("t", None, None, 5 + i))  # a truncate (ignored by default)
-        elif i % 79 == 19:  # a delete without a before image whose key does not decode: poison
-            out.append((b"not avro", _framed(ids["v1"], "v1", _event("d", None, None, 5 + i)),
-                        partition_of(key_id, PARTITIONS), None))
-        elif i == 777:  # a delete without its version (missing_field): its batch goes by rows
-            hostile = _framed(ids["v1"], "v1", _event("d", row, None, None))
-        if hostile is not None:
-            out.append((_framed(ids["key"], "key", {"id": key_id}), hostile, partition_of(key_id, PARTITIONS), None))
+            hostile = _event("t", None, None, 5 + i)  # a truncate (ignored by default)
+        elif i == 777:
+            hostile = _event("d", row, None, None)  # a delete without its version (missing_field)
+        else:
+            continue
+        out.append((key_id, hostile, partition_of(key_id, PARTITIONS), None, spoiled))
     return out
+
+
+def _spoiled(how: str | None, key: bytes, value: bytes | None) -> tuple[bytes, bytes | None]:
+    if how == "key":
+        return b"not a key", value
+    return key, value if how is None or value is None else SPOILED[how](value)
+
+
+def _avro_stream(ids: dict[str, int]) -> list[tuple]:
+    """The events as Debezium's Avro converter writes them: V2 for every third (and where ``qty`` needs a
+    ``long``), V1 for the others; keys in Avro."""
+    out = []
+    for i, (key_id, event, part, headers, how) in enumerate(_events()):
+        value = None
+        if event is not None:
+            version = "v2" if i % 3 == 0 or (event["after"] or {}).get("qty") == 2**40 else "v1"
+            if version == "v2":
+                event = {**event, "before": _v2(event["before"], i), "after": _v2(event["after"], i)}
+            value = _framed(ids[version], version, event)
+        out.append((*_spoiled(how, _framed(ids["key"], "key", {"id": key_id}), value), part, headers))
+    return out
+
+
+def _protobuf_stream(url: str, topic: str) -> list[tuple]:
+    """The events as Protobuf (test_cdc_formats.py's ``Envelope``: no ``qty``; a delete needs its version),
+    keys in JSON."""
+    events = [e for e in _events() if e[1] is None or e[1]["source"]["lsn"] is not None]
+    encoded = encode_protobuf(url, topic, [(key_id, event) for key_id, event, *_ in events])
+    return [(*_spoiled(how, key, value), part, headers)
+            for (key, value), (_, _, part, headers, how) in zip(encoded, events, strict=True)]
 
 
 def _json_schema_stream(schema_id: int) -> list[tuple]:
@@ -204,3 +247,16 @@ def test_a_json_schema_cdc_run_on_the_columnar_tier_writes_what_the_row_path_doe
                              JSON_COLUMNS, JSON_SELECT, "soft", "at_least_once", 2)
     assert_same_changes(by_rows, by_cols, "soft", len(records))
     assert {"bad_magic_byte", "unknown_schema", "invalid_json"} <= {r[3] for r in by_rows[3]}
+
+
+def test_a_protobuf_cdc_run_on_the_columnar_tier_writes_what_the_row_path_does(
+        kafka_bootstrap, pg_dsn, new_topic, tmp_path, schema_registry):
+    """Hard deletes, one lane, at least once: Protobuf envelopes (Timestamps, decimal text, unset images)."""
+    topic = new_topic(PARTITIONS)
+    records = _protobuf_stream(schema_registry.url, topic)
+    assert produce_stream(kafka_bootstrap, topic, records) == len(records)
+    by_rows, by_cols = _runs(tmp_path, kafka_bootstrap, topic, pg_dsn, schema_registry.url, "protobuf",
+                             PROTOBUF_COLUMNS, PROTOBUF_SELECT, "hard", "at_least_once", 1)
+    assert_same_changes(by_rows, by_cols, "hard", len(records))
+    assert {"schema_mismatch", "unknown_schema", "bad_magic_byte", "invalid_value", "not_a_change_event",
+            "invalid_json"} <= {r[3] for r in by_rows[3]}, {r[3] for r in by_rows[3]}
