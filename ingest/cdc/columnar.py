@@ -6,17 +6,17 @@ soft deletes into one PostgreSQL table. Per batch:
 
 1. each event is unwrapped by the row mapper's own code (:meth:`ChangeMapper.change_image
    <ingest.cdc.mapper.ChangeMapper.change_image>`: the same decode -- JSON, JSON Schema (the JSON after
-   the wire-format prefix) or Avro, and the record key's for a delete without a ``before`` image --, the
-   same schema part and ``@source`` block), so an upsert's image and a delete's image are exactly the
-   documents the row path maps;
+   the wire-format prefix), Avro or Protobuf, and the record key's for a delete without a ``before``
+   image --, the same schema part and ``@source`` block), so an upsert's image and a delete's image are
+   exactly the documents the row path maps;
 2. the values the columns read are listed off those images -- each top-level key of the image, each
    key of the source block (the plans read it as a top-level key of its own, ``__source_<n>``) -- None
    where missing, as the row mapper reads a missing key; timestamps a schema decoded (``datetime``: a
-   schema part's, Avro's ``timestamp-*``) are listed as their ISO 8601 text where only timestamp columns
-   read them, which those parse to the same instant (a naive one, as the row mapper does, as UTC), and
-   decimals (``Decimal``) as their text where only ``numeric`` columns read them, which those stage as
-   the same number when it is plain digits; any other value a schema decodes -- a date, a time, a
-   UUID, bytes -- hands the record to the row mapper;
+   schema part's, Avro's ``timestamp-*``, Protobuf's ``Timestamp``) are listed as their ISO 8601 text
+   where only timestamp columns read them, which those parse to the same instant (a naive one, as the
+   row mapper does, as UTC), and decimals (``Decimal``) as their text where only ``numeric`` columns read
+   them, which those stage as the same number when it is plain digits; any other value a schema decodes
+   -- a date, a time, a UUID, a duration, bytes -- hands the record to the row mapper;
 3. the upserts' values go through the upsert columns' plan and the deletes' through the delete columns'
    plan (the key, the version and the hidden source columns: the row path's
    :class:`~ingest.types.DeleteRow` columns), neither collapsing, every value's type checked

@@ -22,7 +22,7 @@ column reads, nested values...); it is logged at ``info``.
 
 :func:`columnar_tier` decides whether a pipeline can have the tier at all (plain JSON values, JSON Schema
 values (the JSON after the wire-format prefix: read as plain JSON, wherever plain JSON is), Avro values or
-(into PostgreSQL) Protobuf values, or Debezium change events in JSON, JSON Schema or Avro with hard or soft
+(into PostgreSQL) Protobuf values, or Debezium change events in any of those formats with hard or soft
 deletes into one PostgreSQL table, whose plan is :class:`~ingest.cdc.columnar.ChangePlan` (each event
 unwrapped by the row mapper's own decoder and envelope code) and whose records the row mapper handles
 without a row, a no-op tombstone or an ignored truncate, are done with the batch and counted as skipped
@@ -361,11 +361,7 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
     elif exactly_once and p.routes_tables and (p.has_deletes or p.envelope != "none"):
         why = "exactly-once delivery of change events into many tables writes by rows"
     elif p.format not in ("json", "json_schema", "avro", "protobuf") or p.envelope not in ("none", "debezium"):
-        why = ("it reads plain JSON, JSON Schema, Avro or Protobuf values only (and Debezium change events in "
-               "JSON, JSON Schema or Avro)")
-    elif p.format == "protobuf" and p.envelope != "none":
-        why = ("Protobuf change events (an envelope) are written by rows (the tier takes Debezium events in JSON, "
-               "JSON Schema and Avro)")
+        why = "it reads plain JSON, JSON Schema, Avro or Protobuf values only (and their Debezium change events)"
     elif p.format == "json_schema" and p.transforms:
         why = "a JSON Schema pipeline's transforms run on the row path (not tested on the tier yet)"
     elif p.format in ("avro", "protobuf") and p.sink.kind != "postgres":

@@ -1,20 +1,21 @@
-"""Debezium change events in the registry formats (``envelope: debezium`` with ``format: avro`` and
-``json_schema``) on the columnar tier against the row path, end to end: the real broker, the registry
-stand-in over HTTP, real PostgreSQL (issue #38 item 1).
+"""Debezium change events in the registry formats (``envelope: debezium`` with ``format: avro``,
+``json_schema`` and ``protobuf``) on the columnar tier against the row path, end to end: the real broker,
+the registry stand-in over HTTP, real PostgreSQL (issue #38 item 1).
 
 Avro: the simulated source table's stream (``harness.cdc_source``: creates, updates, deletes with and
 without a ``before`` image, their tombstones, key changes, short-lived rows) as Debezium's Avro converter
 writes it -- the ``Envelope`` record of test_cdc_formats.py with nullable ``before``/``after`` records,
 Avro keys -- in two writer schemas interleaved (V2: a column added, ``qty`` widened to ``long``, decimals
 of a finer scale than the column's, which PostgreSQL rounds, ``timestamp-micros`` instead of
-``timestamp-millis``, a ``date`` no column reads), with hostile records mixed in: truncated datums, a byte
+``timestamp-millis``, a ``date`` no column reads), with hostile records mixed in: truncated values, a byte
 left over, an unknown schema id, no magic byte, garbage, a value out of a column's range, a NUL, an op
 Debezium never writes, a truncate, a delete whose key does not decode, a delete without its version.
-JSON Schema: test_columnar_cdc_pg.py's schemaless stream behind the wire-format prefix, with records the
-decoder refuses before any JSON is read. Each run by ``ingest run`` with the tier on and off: the same
-table and tombstone table, the same DLQ entries (partition, offset, stage, error class, message),
-offsets committed at the log end by both, the tier stated (``write_tier: columnar``) and taking most
-records (``columnar_records``).
+Protobuf: the same events as test_cdc_formats.py's ``Envelope`` message (Timestamps, decimal text, unset
+images), JSON keys. JSON Schema: test_columnar_cdc_pg.py's schemaless stream behind the wire-format
+prefix, with records the decoder refuses before any JSON is read. Each run by ``ingest run`` with the tier
+on and off: the same table and tombstone table, the same DLQ entries (partition, offset, stage, error
+class, message), offsets committed at the log end by both, the tier stated (``write_tier: columnar``)
+and taking most records (``columnar_records``). Hard and soft deletes, lanes 1 and 2, exactly once.
 """
 
 from __future__ import annotations

@@ -349,9 +349,9 @@ def test_an_avro_pipeline_states_the_columnar_tier_and_why_not_where_it_cannot(r
     assert tier(_pipeline(stand_in.url, envelope="debezium", deletes={"mode": "soft"}, lanes=2)) == "columnar"
     assert tier(_pipeline(stand_in.url, envelope="debezium", transforms=[{"set": {"label": "'x'"}}])) == \
         "rows (a change pipeline's transforms run on the row path)"
-    assert tier(_pipeline(stand_in.url, format="protobuf", envelope="debezium")) == \
-        "rows (Protobuf change events (an envelope) are written by rows (the tier takes Debezium events in JSON, " \
-        "JSON Schema and Avro))"
+    assert tier(_pipeline(stand_in.url, envelope="debezium", dlq={"dsn": "postgresql://u@h/d"}, sink={
+        "kind": "clickhouse", "url": "http://h:8123", "table": "t", "order_by": ["id"],
+        "columns": {"id": {"type": "Int64"}}})) == "rows (Avro values go columnar into PostgreSQL only)"
 
 
 def test_a_truncated_datum_is_dead_lettered_with_the_same_message_every_time(parts):

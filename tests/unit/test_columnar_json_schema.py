@@ -220,6 +220,3 @@ def test_a_json_schema_pipeline_states_the_columnar_tier_and_why_not_where_it_ca
     assert tier(_pipeline(stand_in.url, envelope="debezium", deletes={"mode": "soft"}, lanes=2)) == "columnar"
     assert tier(_pipeline(stand_in.url, transforms=[{"set": {"label": "'x'"}}])).startswith(
         "rows (a JSON Schema pipeline's transforms run on the row path")
-    assert tier(_pipeline(stand_in.url, format="protobuf", envelope="debezium")) == \
-        "rows (Protobuf change events (an envelope) are written by rows (the tier takes Debezium events in JSON, " \
-        "JSON Schema and Avro))"
