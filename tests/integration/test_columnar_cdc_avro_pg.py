@@ -61,11 +61,13 @@ def _decimal(precision: int, scale: int) -> dict[str, Any]:
 V1 = _envelope_schema([
     {"name": "id", "type": "long"}, _nullable("name", "string"), _nullable("price", _decimal(12, 2)),
     _nullable("qty", "int"), _nullable("updated_at", {"type": "long", "logicalType": "timestamp-millis"})])
-#: ``note`` added, ``qty`` widened, ``price`` of a finer scale, microseconds, a date no column reads
+#: ``note`` and ``fee`` added (a decimal of scale 8: fastavro's ``Decimal('0E-8')``, ``Decimal('1E-8')``),
+#: ``qty`` widened, ``price`` of a finer scale, microseconds, a date no column reads
 V2 = _envelope_schema([
     {"name": "id", "type": "long"}, _nullable("name", "string"), _nullable("price", _decimal(14, 4)),
     _nullable("qty", "long"), _nullable("updated_at", {"type": "long", "logicalType": "timestamp-micros"}),
-    _nullable("note", "string"), _nullable("born", {"type": "int", "logicalType": "date"})])
+    _nullable("note", "string"), _nullable("fee", _decimal(20, 8)),
+    _nullable("born", {"type": "int", "logicalType": "date"})])
 PARSED = {"v1": parse_schema(V1), "v2": parse_schema(V2), "key": parse_schema(json.loads(KEY_SCHEMA))}
 
 AVRO_COLUMNS = {
@@ -75,9 +77,10 @@ AVRO_COLUMNS = {
     "qty": {"type": "integer"},
     "updated_at": {"type": "timestamptz"},
     "note": {"type": "text"},
+    "fee": {"type": "numeric(20,8)"},
     "lsn": {"type": "bigint", "source": "@source.lsn"},
 }
-AVRO_SELECT = "id, name, price::text, qty, updated_at::text, note, lsn"
+AVRO_SELECT = "id, name, price::text, qty, updated_at::text, note, fee::text, lsn"
 PROTOBUF_COLUMNS = {name: AVRO_COLUMNS[name] for name in ("id", "name", "price", "updated_at", "lsn")}
 PROTOBUF_SELECT = "id, name, price::text, updated_at::text, lsn"
 JSON_SELECT = "id, name, price::text, qty, updated_at::text, lsn"
@@ -111,6 +114,7 @@ def _v2(image: dict[str, Any] | None, salt: int) -> dict[str, Any] | None:
     if out["updated_at"] is not None:
         out["updated_at"] += timedelta(microseconds=salt % 1000)
     out["note"] = None if salt % 5 == 0 else f"note {salt % 13}"
+    out["fee"] = Decimal(salt % 7 // 2 * salt).scaleb(-8)  # 0E-8 for every third or so
     out["born"] = date(2000, 1, 1) + timedelta(days=salt % 9000)
     return out
 
@@ -235,7 +239,7 @@ def test_an_avro_cdc_run_on_the_columnar_tier_writes_what_the_row_path_does(
     rows, dlq = by_rows[1], by_rows[3]
     assert {r[3] for r in dlq} == {"schema_mismatch", "unknown_schema", "bad_magic_byte", "out_of_range",
                                    "invalid_value", "not_a_change_event", "missing_field"}, {r[3] for r in dlq}
-    assert {r[5] for r in rows} > {None}  # V2's added column
+    assert {r[5] for r in rows} > {None} and {r[6] for r in rows} >= {"0.00000000", None}  # V2's added columns
 
 
 def test_a_json_schema_cdc_run_on_the_columnar_tier_writes_what_the_row_path_does(
