@@ -14,8 +14,8 @@ soft deletes into one PostgreSQL table. Per batch:
    where missing, as the row mapper reads a missing key; timestamps a schema decoded (``datetime``: a
    schema part's, Avro's ``timestamp-*``, Protobuf's ``Timestamp``) are listed as their ISO 8601 text
    where only timestamp columns read them, which those parse to the same instant (a naive one, as the
-   row mapper does, as UTC), and decimals (``Decimal``) as their text where only ``numeric`` columns read
-   them, which those stage as the same number when it is plain digits; any other value a schema decodes
+   row mapper does, as UTC), and decimals (``Decimal``) as their plain digits (:func:`decimal_text`) where
+   only ``numeric`` columns read them, which those stage as the same number; any other value a schema decodes
    -- a date, a time, a UUID, a duration, bytes -- hands the record to the row mapper;
 3. the upserts' values go through the upsert columns' plan and the deletes' through the delete columns'
    plan (the key, the version and the hidden source columns: the row path's
@@ -44,12 +44,19 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from ingest.core.mapping.columnar import UNROUTED, BatchFields, ColumnarBatch, ColumnarPlan, StagedColumn
+from ingest.core.mapping.columnar import (
+    MAX_DECIMAL_TEXT,
+    UNROUTED,
+    BatchFields,
+    ColumnarBatch,
+    ColumnarPlan,
+    StagedColumn,
+)
 from ingest.core.routing import key_bytes
 from ingest.errors import InvalidRecord
 from ingest.types import Record
 
-__all__ = ["ChangePlan", "DELETED_FLAG", "IMAGE_FLAG", "text_keys"]
+__all__ = ["ChangePlan", "DELETED_FLAG", "IMAGE_FLAG", "decimal_text", "text_keys"]
 
 #: The stage's flag columns (:mod:`ingest.sinks.postgres.statements`): a delete; a delete with its row's values.
 DELETED_FLAG, IMAGE_FLAG = "_ingest_deleted", "_ingest_image"
@@ -207,7 +214,7 @@ class ChangePlan:
             v = image.get(k)
             if type(v) not in _JSON_TYPES:
                 if k in self._as_text.get(type(v), ()):
-                    v = v.isoformat() if type(v) is datetime else str(v)
+                    v = v.isoformat() if type(v) is datetime else decimal_text(v)
                 else:
                     return None  # a value a schema part decoded (a date, a time...): the row mapper's
             doc[k] = v
@@ -299,11 +306,23 @@ class ChangePlan:
         return pa.Table.from_arrays(arrays, names=[*self._names, DELETED_FLAG, IMAGE_FLAG])
 
 
+def decimal_text(v: Decimal) -> str:
+    """``v`` as plain decimal digits (``format(v, "f")``: no exponent, the same number and the same scale --
+    ``Decimal('0E-8')`` is ``0.00000000``, ``Decimal('1E+3')`` ``1000`` -- which PostgreSQL's ``numeric``
+    input reads as the row path's Decimal) when its exponent is within ``MAX_DECIMAL_TEXT`` (the longest
+    text the plan stages); else its ``str`` (a NaN, an infinity, an exponent beyond), which the plan leaves
+    to the row mapper."""
+    exponent = v.as_tuple().exponent
+    if type(exponent) is int and -MAX_DECIMAL_TEXT <= exponent <= MAX_DECIMAL_TEXT:
+        return format(v, "f")
+    return str(v)
+
+
 def text_keys(columns: Sequence[Any], staged: Sequence[Any]) -> dict[type, frozenset[str]]:
     """Where :class:`ChangePlan` writes a schema part's decoded value as text: a ``datetime`` in an image
     key only timestamp columns read (its ISO 8601 text: ``_timestamptz`` / ``_timestamp`` give the same
     instant for the text as for the datetime), a ``Decimal`` in one only ``numeric`` columns read (its
-    text: staged only when plain digits, the same number as the Decimal). ``columns``: the upsert plan's
+    :func:`decimal_text`: staged only when plain digits, the same number as the Decimal). ``columns``: the upsert plan's
     :class:`~ingest.core.mapping.fastmap.FastColumn` list, ``staged`` its StagedColumns."""
     kinds: dict[str, set[str]] = {}
     for col, st in zip(columns, staged, strict=True):
