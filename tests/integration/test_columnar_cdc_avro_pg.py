@@ -36,6 +36,7 @@ from test_cdc_formats import JSON_SCHEMA, KEY_SCHEMA, VALUE_SCHEMA, Source
 from test_cdc_formats import _encode_protobuf as encode_protobuf
 from test_columnar_cdc_pg import COLUMNS as JSON_COLUMNS
 from test_columnar_cdc_pg import PARTITIONS, assert_same_changes, read_changes
+from test_columnar_cdc_pg import _envelope as json_envelope
 from test_columnar_cdc_pg import _stream as json_stream
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -205,12 +206,19 @@ def _protobuf_stream(url: str, topic: str) -> list[tuple]:
 
 def _json_schema_stream(schema_id: int) -> list[tuple]:
     """test_columnar_cdc_pg.py's schemaless stream, its values behind the wire-format prefix of ``schema_id``,
-    but for records the decoder refuses before any JSON is read: no prefix, an unknown schema id."""
+    and records of keys of their own the decoder refuses before any JSON is read: no prefix, an unknown
+    schema id (spoiling the stream's own events instead would leave a key a delete after a delete, whose
+    stored version by rows depends on the batch boundaries: a soft delete leaves a deleted row as it is)."""
+    prefix = b"\x00" + struct.pack(">I", schema_id)
     out = []
     for i, (key, value, part, headers) in enumerate(json_stream(False)):
-        if value is not None and i % 113 != 1:
-            value = b"\x00" + struct.pack(">I", 9999 if i % 127 == 2 else schema_id) + value
-        out.append((key, value, part, headers))
+        out.append((key, None if value is None else prefix + value, part, headers))
+        if i % 113 == 1 or i % 127 == 2:
+            key_id = 20_000 + i
+            value = json_envelope("c", None, {"id": key_id}, 5 + i, False)
+            if i % 113 != 1:  # else no prefix: bad_magic_byte
+                value = b"\x00" + struct.pack(">I", 9999) + value  # unknown_schema
+            out.append((orjson.dumps({"id": key_id}), value, partition_of(key_id, PARTITIONS), None))
     return out
 
 
