@@ -273,3 +273,27 @@ def test_a_protobuf_cdc_run_on_the_columnar_tier_writes_what_the_row_path_does(
     assert_same_changes(by_rows, by_cols, "hard", len(records))
     assert {"schema_mismatch", "unknown_schema", "bad_magic_byte", "invalid_value", "not_a_change_event",
             "invalid_json"} <= {r[3] for r in by_rows[3]}, {r[3] for r in by_rows[3]}
+
+
+def test_a_decimal_listed_as_its_plain_digits_is_the_row_paths_number_in_postgresql(pg_dsn):
+    """``decimal_text``: PostgreSQL reads the text the change plan stages as the very number (and scale) it
+    reads the row path's Decimal as, unconstrained and in a ``numeric(20,8)`` column (which rounds both)."""
+    import psycopg
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from ingest.cdc.columnar import decimal_text
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+
+        @settings(max_examples=200, deadline=None)
+        @given(st.integers(-10**30, 10**30), st.integers(-40, 40))
+        def check(unscaled: int, exponent: int) -> None:
+            value = Decimal(unscaled).scaleb(exponent)
+            text = decimal_text(value)
+            assert "E" not in text and "e" not in text, text
+            typed = "numeric(20,8)" if abs(value) < 10**11 else "numeric"  # else beyond numeric(20,8)
+            query = f"SELECT %s::numeric::text, %s::{typed}::text"
+            assert conn.execute(query, (text, text)).fetchone() == conn.execute(query, (value, value)).fetchone()
+
+        check()
