@@ -14,9 +14,9 @@ soft deletes into one PostgreSQL table. Per batch:
    where missing, as the row mapper reads a missing key; timestamps a schema decoded (``datetime``: a
    schema part's, Avro's ``timestamp-*``, Protobuf's ``Timestamp``) are listed as their ISO 8601 text
    where only timestamp columns read them, which those parse to the same instant (a naive one, as the
-   row mapper does, as UTC), and decimals (``Decimal``) as their plain digits (:func:`decimal_text`) where
-   only ``numeric`` columns read them, which those stage as the same number; any other value a schema decodes
-   -- a date, a time, a UUID, a duration, bytes -- hands the record to the row mapper;
+   row mapper does, as UTC), and decimals (``Decimal``) as their plain digits (:func:`decimal_text`)
+   where only ``numeric`` columns read them, which those stage as the same number; any other value a
+   schema decodes -- a date, a time, a UUID, a duration, bytes -- hands the record to the row mapper;
 3. the upserts' values go through the upsert columns' plan and the deletes' through the delete columns'
    plan (the key, the version and the hidden source columns: the row path's
    :class:`~ingest.types.DeleteRow` columns), neither collapsing, every value's type checked
@@ -53,7 +53,6 @@ from ingest.core.mapping.columnar import (
     StagedColumn,
 )
 from ingest.core.routing import key_bytes
-from ingest.errors import InvalidRecord
 from ingest.types import Record
 
 __all__ = ["ChangePlan", "DELETED_FLAG", "IMAGE_FLAG", "decimal_text", "text_keys"]
@@ -203,9 +202,7 @@ class ChangePlan:
         """``(op, the values the plans read)`` of a record they may take ("u" or "d"), else None."""
         try:
             op, image = self._image(record)
-        except InvalidRecord:
-            return None
-        except Exception:  # noqa: BLE001 - not the record's poison (a registry error): the row mapper raises it
+        except Exception:  # noqa: BLE001 - poison (InvalidRecord) or a registry error: the row mapper's to say
             return None
         if op == "t" or type(image) is not dict:
             return None
@@ -216,7 +213,7 @@ class ChangePlan:
                 if k in self._as_text.get(type(v), ()):
                     v = v.isoformat() if type(v) is datetime else decimal_text(v)
                 else:
-                    return None  # a value a schema part decoded (a date, a time...): the row mapper's
+                    return None  # a value a schema decoded (a date, a time, a UUID...): the row mapper's
             doc[k] = v
         if self._sources:
             source = image.get(_SOURCE)
@@ -322,8 +319,8 @@ def text_keys(columns: Sequence[Any], staged: Sequence[Any]) -> dict[type, froze
     """Where :class:`ChangePlan` writes a schema part's decoded value as text: a ``datetime`` in an image
     key only timestamp columns read (its ISO 8601 text: ``_timestamptz`` / ``_timestamp`` give the same
     instant for the text as for the datetime), a ``Decimal`` in one only ``numeric`` columns read (its
-    :func:`decimal_text`: staged only when plain digits, the same number as the Decimal). ``columns``: the upsert plan's
-    :class:`~ingest.core.mapping.fastmap.FastColumn` list, ``staged`` its StagedColumns."""
+    :func:`decimal_text`: staged only when plain digits, the same number as the Decimal). ``columns``: the
+    upsert plan's :class:`~ingest.core.mapping.fastmap.FastColumn` list, ``staged`` its StagedColumns."""
     kinds: dict[str, set[str]] = {}
     for col, st in zip(columns, staged, strict=True):
         if col.doc_key is not None:

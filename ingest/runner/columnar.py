@@ -26,8 +26,7 @@ values (the JSON after the wire-format prefix: read as plain JSON, wherever plai
 deletes into one PostgreSQL table, whose plan is :class:`~ingest.cdc.columnar.ChangePlan` (each event
 unwrapped by the row mapper's own decoder and envelope code) and whose records the row mapper handles
 without a row, a no-op tombstone or an ignored truncate, are done with the batch and counted as skipped
---, a sink that
-declares the ``columnar`` capability and takes the plan's columns, the last or
+--, a sink that declares the ``columnar`` capability and takes the plan's columns, the last or
 highest-version record of a key wins, with more than one lane keys the plan can route by:
 :meth:`ColumnarPlan.lane_keys <ingest.core.mapping.columnar.ColumnarPlan.lane_keys>` gives the accept
 loop what the row path routes each record by, without mapping it; transforms -- if any -- that the
