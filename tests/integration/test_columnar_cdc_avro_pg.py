@@ -20,7 +20,6 @@ and taking most records (``columnar_records``). Hard and soft deletes, lanes 1 a
 
 from __future__ import annotations
 
-import io
 import json
 import struct
 from datetime import date, datetime, timedelta, timezone
@@ -29,11 +28,11 @@ from typing import Any
 
 import orjson
 import pytest
-from fastavro import parse_schema, schemaless_writer
 from harness.cdc_source import SourceTable, partition_of, produce_stream
 from pipeline_helpers import registry_runs_on_off
 from test_cdc_formats import JSON_SCHEMA, KEY_SCHEMA, VALUE_SCHEMA, Source
 from test_cdc_formats import _encode_protobuf as encode_protobuf
+from test_columnar_avro_pg import _datum as avro_datum
 from test_columnar_cdc_pg import COLUMNS as JSON_COLUMNS
 from test_columnar_cdc_pg import PARTITIONS, assert_same_changes, read_changes
 from test_columnar_cdc_pg import _envelope as json_envelope
@@ -69,7 +68,7 @@ V2 = _envelope_schema([
     _nullable("qty", "long"), _nullable("updated_at", {"type": "long", "logicalType": "timestamp-micros"}),
     _nullable("note", "string"), _nullable("fee", _decimal(20, 8)),
     _nullable("born", {"type": "int", "logicalType": "date"})])
-PARSED = {"v1": parse_schema(V1), "v2": parse_schema(V2), "key": parse_schema(json.loads(KEY_SCHEMA))}
+SCHEMAS = {"v1": V1, "v2": V2, "key": json.loads(KEY_SCHEMA)}
 
 AVRO_COLUMNS = {
     "id": {"type": "bigint"},
@@ -88,10 +87,8 @@ JSON_SELECT = "id, name, price::text, qty, updated_at::text, lsn"
 
 
 def _framed(schema_id: int, schema: str, doc: dict[str, Any]) -> bytes:
-    """``doc`` in the wire format: magic byte, ``schema_id``, the Avro datum of the parsed schema ``schema``."""
-    buf = io.BytesIO()
-    schemaless_writer(buf, PARSED[schema], doc)
-    return b"\x00" + struct.pack(">I", schema_id) + buf.getvalue()
+    """``doc`` in the wire format: magic byte, ``schema_id``, the Avro datum of ``SCHEMAS[schema]``."""
+    return b"\x00" + struct.pack(">I", schema_id) + avro_datum(SCHEMAS[schema], doc)
 
 
 def _value(image: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -13,16 +13,14 @@ The registry is the stand-in of ``tests/harness/schema_registry.py`` over real H
 
 from __future__ import annotations
 
-import io
 import json
-import struct
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
 import pytest
-from fastavro import parse_schema, schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_columnar_avro import _datum, _framed
 
 from harness.schema_registry import SchemaRegistryStandIn
 from ingest.cdc.mapper import mapper_for
@@ -46,7 +44,6 @@ ENVELOPE = {"type": "record", "name": "Envelope", "namespace": TOPIC, "fields": 
     {"name": "source", "type": {"type": "record", "name": "Source", "fields": [
         {"name": "lsn", "type": ["null", "long"], "default": None}]}},
     {"name": "op", "type": "string"}]}
-PARSED = parse_schema(ENVELOPE)
 
 COLUMNS = {
     "id": {"type": "bigint"},
@@ -78,12 +75,6 @@ def parts():
         yield schema_id, decoder, mapper, plan
     finally:
         stand_in.stop()
-
-
-def _framed(schema_id: int, event: dict) -> bytes:
-    buf = io.BytesIO()
-    schemaless_writer(buf, PARSED, event)
-    return b"\x00" + struct.pack(">I", schema_id) + buf.getvalue()
 
 
 def _staged_as_row(name: str, value: object) -> object:
@@ -120,8 +111,8 @@ def test_every_logical_value_the_plan_takes_is_the_row_mappers(parts):
         for key, (op, image) in enumerate(batch):  # one event per key: no collapse
             row = {"id": key, **image}
             before, after = (row, None) if op == "d" else (None, row)
-            values.append(_framed(schema_id, {"before": before, "after": after, "op": op,
-                                              "source": {"lsn": 100 + key}}))
+            values.append(_framed(schema_id, _datum(ENVELOPE, {"before": before, "after": after, "op": op,
+                                                               "source": {"lsn": 100 + key}})))
         records = [Record(TOPIC, 0, offset, b"k", value, None) for offset, value in enumerate(values)]
         decoder.prepare(records)
         built = plan.build(records)
