@@ -5,15 +5,18 @@
 soft deletes into one PostgreSQL table. Per batch:
 
 1. each event is unwrapped by the row mapper's own code (:meth:`ChangeMapper.change_image
-   <ingest.cdc.mapper.ChangeMapper.change_image>`: the same decode, schema part and ``@source``
-   block), so an upsert's image and a delete's image are exactly the documents the row path maps;
+   <ingest.cdc.mapper.ChangeMapper.change_image>`: the same decode -- JSON, JSON Schema (the JSON after
+   the wire-format prefix), Avro or Protobuf, and the record key's for a delete without a ``before``
+   image --, the same schema part and ``@source`` block), so an upsert's image and a delete's image are
+   exactly the documents the row path maps;
 2. the values the columns read are listed off those images -- each top-level key of the image, each
    key of the source block (the plans read it as a top-level key of its own, ``__source_<n>``) -- None
-   where missing, as the row mapper reads a missing key; a schema part's timestamps (``datetime``) are
-   listed as their ISO 8601 text where only timestamp columns read them, which those parse to the same
-   instant, and its decimals (``Decimal``) as their text where only ``numeric`` columns read them, which
-   those stage as the same number when it is plain digits; any other value a schema decodes -- a date, a
-   time -- hands the record to the row mapper;
+   where missing, as the row mapper reads a missing key; timestamps a schema decoded (``datetime``: a
+   schema part's, Avro's ``timestamp-*``, Protobuf's ``Timestamp``) are listed as their ISO 8601 text
+   where only timestamp columns read them, which those parse to the same instant (a naive one, as the
+   row mapper does, as UTC), and decimals (``Decimal``) as their plain digits (:func:`decimal_text`)
+   where only ``numeric`` columns read them, which those stage as the same number; any other value a
+   schema decodes -- a date, a time, a UUID, a duration, bytes -- hands the record to the row mapper;
 3. the upserts' values go through the upsert columns' plan and the deletes' through the delete columns'
    plan (the key, the version and the hidden source columns: the row path's
    :class:`~ingest.types.DeleteRow` columns), neither collapsing, every value's type checked
@@ -41,12 +44,18 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from ingest.core.mapping.columnar import UNROUTED, BatchFields, ColumnarBatch, ColumnarPlan, StagedColumn
+from ingest.core.mapping.columnar import (
+    MAX_DECIMAL_TEXT,
+    UNROUTED,
+    BatchFields,
+    ColumnarBatch,
+    ColumnarPlan,
+    StagedColumn,
+)
 from ingest.core.routing import key_bytes
-from ingest.errors import InvalidRecord
 from ingest.types import Record
 
-__all__ = ["ChangePlan", "DELETED_FLAG", "IMAGE_FLAG", "text_keys"]
+__all__ = ["ChangePlan", "DELETED_FLAG", "IMAGE_FLAG", "decimal_text", "text_keys"]
 
 #: The stage's flag columns (:mod:`ingest.sinks.postgres.statements`): a delete; a delete with its row's values.
 DELETED_FLAG, IMAGE_FLAG = "_ingest_deleted", "_ingest_image"
@@ -193,7 +202,7 @@ class ChangePlan:
         """``(op, the values the plans read)`` of a record they may take ("u" or "d"), else None."""
         try:
             op, image = self._image(record)
-        except InvalidRecord:
+        except Exception:  # noqa: BLE001 - poison (InvalidRecord) or a registry error: the row mapper's to say
             return None
         if op == "t" or type(image) is not dict:
             return None
@@ -202,9 +211,9 @@ class ChangePlan:
             v = image.get(k)
             if type(v) not in _JSON_TYPES:
                 if k in self._as_text.get(type(v), ()):
-                    v = v.isoformat() if type(v) is datetime else str(v)
+                    v = v.isoformat() if type(v) is datetime else decimal_text(v)
                 else:
-                    return None  # a value a schema part decoded (a date, a time...): the row mapper's
+                    return None  # a value a schema decoded (a date, a time, a UUID...): the row mapper's
             doc[k] = v
         if self._sources:
             source = image.get(_SOURCE)
@@ -294,12 +303,24 @@ class ChangePlan:
         return pa.Table.from_arrays(arrays, names=[*self._names, DELETED_FLAG, IMAGE_FLAG])
 
 
+def decimal_text(v: Decimal) -> str:
+    """``v`` as plain decimal digits (``format(v, "f")``: no exponent, the same number and the same scale --
+    ``Decimal('0E-8')`` is ``0.00000000``, ``Decimal('1E+3')`` ``1000`` -- which PostgreSQL's ``numeric``
+    input reads as the row path's Decimal) when its exponent is within ``MAX_DECIMAL_TEXT`` (the longest
+    text the plan stages); else its ``str`` (a NaN, an infinity, an exponent beyond), which the plan leaves
+    to the row mapper."""
+    exponent = v.as_tuple().exponent
+    if type(exponent) is int and -MAX_DECIMAL_TEXT <= exponent <= MAX_DECIMAL_TEXT:
+        return format(v, "f")
+    return str(v)
+
+
 def text_keys(columns: Sequence[Any], staged: Sequence[Any]) -> dict[type, frozenset[str]]:
     """Where :class:`ChangePlan` writes a schema part's decoded value as text: a ``datetime`` in an image
     key only timestamp columns read (its ISO 8601 text: ``_timestamptz`` / ``_timestamp`` give the same
     instant for the text as for the datetime), a ``Decimal`` in one only ``numeric`` columns read (its
-    text: staged only when plain digits, the same number as the Decimal). ``columns``: the upsert plan's
-    :class:`~ingest.core.mapping.fastmap.FastColumn` list, ``staged`` its StagedColumns."""
+    :func:`decimal_text`: staged only when plain digits, the same number as the Decimal). ``columns``: the
+    upsert plan's :class:`~ingest.core.mapping.fastmap.FastColumn` list, ``staged`` its StagedColumns."""
     kinds: dict[str, set[str]] = {}
     for col, st in zip(columns, staged, strict=True):
         if col.doc_key is not None:

@@ -21,11 +21,12 @@ The tier turns itself off for good when more than ``MAX_DECLINED_SHARE`` of the 
 column reads, nested values...); it is logged at ``info``.
 
 :func:`columnar_tier` decides whether a pipeline can have the tier at all (plain JSON values, JSON Schema
-values (the JSON after the wire-format prefix: read as plain JSON, wherever plain JSON is) or Avro values, or
-at least once Debezium JSON change events with hard or soft deletes into one PostgreSQL table, whose plan is
-:class:`~ingest.cdc.columnar.ChangePlan` and whose records the row mapper handles without a row, a no-op
-tombstone or an ignored truncate, are done with the batch and counted as skipped --, a sink that
-declares the ``columnar`` capability and takes the plan's columns, the last or
+values (the JSON after the wire-format prefix: read as plain JSON, wherever plain JSON is), Avro values or
+(into PostgreSQL) Protobuf values, or Debezium change events in any of those formats with hard or soft
+deletes into one PostgreSQL table, whose plan is :class:`~ingest.cdc.columnar.ChangePlan` (each event
+unwrapped by the row mapper's own decoder and envelope code) and whose records the row mapper handles
+without a row, a no-op tombstone or an ignored truncate, are done with the batch and counted as skipped
+--, a sink that declares the ``columnar`` capability and takes the plan's columns, the last or
 highest-version record of a key wins, with more than one lane keys the plan can route by:
 :meth:`ColumnarPlan.lane_keys <ingest.core.mapping.columnar.ColumnarPlan.lane_keys>` gives the accept
 loop what the row path routes each record by, without mapping it; transforms -- if any -- that the
@@ -359,13 +360,9 @@ def _decide(p: PipelineSettings, sink: Any, *, columnar_capable: bool, exactly_o
     elif exactly_once and p.routes_tables and (p.has_deletes or p.envelope != "none"):
         why = "exactly-once delivery of change events into many tables writes by rows"
     elif p.format not in ("json", "json_schema", "avro", "protobuf") or p.envelope not in ("none", "debezium"):
-        why = "it reads plain JSON, JSON Schema, Avro or Protobuf values only (and Debezium change events in JSON)"
-    elif p.format == "json_schema" and p.envelope != "none":
-        why = "JSON Schema change events (an envelope) are written by rows"
+        why = "it reads plain JSON, JSON Schema, Avro or Protobuf values only (and their Debezium change events)"
     elif p.format == "json_schema" and p.transforms:
         why = "a JSON Schema pipeline's transforms run on the row path (not tested on the tier yet)"
-    elif p.format in ("avro", "protobuf") and p.envelope != "none":
-        why = f"{FORMAT_NAMES[p.format]} change events (an envelope) are written by rows"
     elif p.has_deletes and (why := _deletes_refusal(p)) is not None:
         pass
     elif rule.key_index is not None and (rule.keep != "last" or (rule.merge_deletes and not p.has_deletes)):

@@ -529,29 +529,33 @@ CH_DATABASE = "ingest_test"
 
 def registry_runs_on_off(tmp_path: Path, bootstrap: str, topic: str, dsn: str, registry_url: str, *, fmt: str,
                          prefix: str, columns: dict[str, Any], delivery: str, lanes: int,
-                         chdb: Any = None) -> list[tuple[dict, list, list]]:
+                         chdb: Any = None, sink: dict[str, Any] | None = None,
+                         read: Callable[[Any, str], Any] | None = None, **pipeline: Any) -> list[tuple[dict, Any, list]]:
     """A registry format's (``fmt``) pipeline over ``topic`` into PostgreSQL, by rows and then with the
     columnar tier (the default), each into a table of its own named from ``prefix``: per run, its summary
-    stats, its table's rows (``columns`` in that order, by ``id``) and its DLQ rows (as
-    :func:`run_pipeline_on_off` gives them). ``chdb`` (the ``chdb`` fixture's session): into ClickHouse
-    instead (a table of :data:`CH_DATABASE` ordered by ``id``, at least once: ``delivery`` is not used),
-    its rows read with FINAL, each value as ClickHouse's text of it and the ``_version`` last, once the
-    run has ended (a run owns the chDB path while it runs); the DLQ stays in PostgreSQL (``dsn``)."""
+    stats, its table's rows (``columns`` in that order, by ``id``; or what ``read(connection, table name)``
+    returns) and its DLQ rows (as :func:`run_pipeline_on_off` gives them). ``sink``: more sink settings
+    (``version_column``...); ``pipeline``: more pipeline settings (``envelope``, ``deletes``...).
+    ``chdb`` (the ``chdb`` fixture's session): into ClickHouse instead (a table of :data:`CH_DATABASE`
+    ordered by ``id``, at least once: ``delivery`` is not used), its rows read with FINAL, each value as
+    ClickHouse's text of it and the ``_version`` last, once the run has ended (a run owns the chDB path
+    while it runs); the DLQ stays in PostgreSQL (``dsn``)."""
     runs = []
     for name, columnar in ((f"{prefix}rows", False), (f"{prefix}cols", None)):  # None: on where it fits
         name += ("_eo" if delivery == "exactly_once" else "") + ("_l2" if lanes == 2 else "")
-        sink: dict[str, Any] = {"table": name, "columns": columns}
+        target: dict[str, Any] = {"table": name, "columns": columns}
         if chdb is None:
-            sink.update(kind="postgres", dsn=dsn, conflict_key=["id"], delivery=delivery)
+            target.update(kind="postgres", dsn=dsn, conflict_key=["id"], delivery=delivery)
         else:
-            sink.update(kind="clickhouse", url=chdb.url, database=CH_DATABASE, order_by=["id"])
+            target.update(kind="clickhouse", url=chdb.url, database=CH_DATABASE, order_by=["id"])
         stats, dlq = run_pipeline_on_off(tmp_path, bootstrap, topic, dsn, {
-            "name": name, "lanes": lanes, "format": fmt, "sink": sink,
+            "name": name, "lanes": lanes, "format": fmt, **pipeline, "sink": {**target, **(sink or {})},
             "dlq": {"kind": "postgres", "dsn": dsn, "table": f"{name}_dlq"},
         }, columnar, top={"schema_registry": {"url": registry_url}})
         if chdb is None:
             with psycopg.connect(dsn) as conn:
-                rows = conn.execute(f'SELECT {", ".join(columns)} FROM "{name}" ORDER BY id').fetchall()
+                rows = (read(conn, name) if read is not None
+                        else conn.execute(f'SELECT {", ".join(columns)} FROM "{name}" ORDER BY id').fetchall())
         else:
             texts = ", ".join(f"toString({column})" for column in [*columns, "_version"])
             try:

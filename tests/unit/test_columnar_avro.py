@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.schema_registry import SchemaRegistryStandIn
+from ingest.cdc.mapper import mapper_for
 from ingest.config import PipelineSettings
 from ingest.config.formats import SchemaRegistrySettings
 from ingest.core.collapse import collapse
@@ -334,9 +335,9 @@ def test_an_avro_pipeline_states_the_columnar_tier_and_why_not_where_it_cannot(r
         def use_columnar(self, columns):
             pass
 
-    def tier(p, exactly_once=False):
+    def tier(p, exactly_once=False):  # the pipeline's own row mapper (a ChangeMapper for change events)
         return write_tier(p, Sink(), columnar_capable=True, exactly_once=exactly_once,
-                          mapper=lambda: Mapper(p.sink.columns, decoder=decoder_of(p)))
+                          mapper=lambda: mapper_for(p, decoder=decoder_of(p)))
 
     assert tier(_pipeline(stand_in.url), exactly_once=True) == "columnar"  # one lane: the lanes' offsets hold
 
@@ -345,8 +346,13 @@ def test_an_avro_pipeline_states_the_columnar_tier_and_why_not_where_it_cannot(r
     nested = _pipeline(stand_in.url)
     nested.sink.columns["city"] = nested.sink.columns["note"].model_copy(update={"source": "$.shipping.city"})
     assert tier(nested).startswith("rows (column 'city' reads '$.shipping.city'")
-    assert tier(_pipeline(stand_in.url, format="protobuf", envelope="debezium")) == \
-        "rows (Protobuf change events (an envelope) are written by rows)"
+    assert tier(_pipeline(stand_in.url, envelope="debezium")) == "columnar"  # change events (ingest.cdc.columnar)
+    assert tier(_pipeline(stand_in.url, envelope="debezium", deletes={"mode": "soft"}, lanes=2)) == "columnar"
+    assert tier(_pipeline(stand_in.url, envelope="debezium", transforms=[{"set": {"label": "'x'"}}])) == \
+        "rows (a change pipeline's transforms run on the row path)"
+    assert tier(_pipeline(stand_in.url, envelope="debezium", dlq={"dsn": "postgresql://u@h/d"}, sink={
+        "kind": "clickhouse", "url": "http://h:8123", "table": "t", "order_by": ["id"],
+        "columns": {"id": {"type": "Int64"}}})) == "rows (Avro values go columnar into PostgreSQL only)"
 
 
 def test_a_truncated_datum_is_dead_lettered_with_the_same_message_every_time(parts):

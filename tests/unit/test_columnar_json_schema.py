@@ -26,6 +26,7 @@ from test_columnar import values as json_texts
 from test_columnar_avro import _row_path
 
 from harness.schema_registry import SchemaRegistryStandIn
+from ingest.cdc.mapper import mapper_for
 from ingest.config import PipelineSettings
 from ingest.config.formats import SchemaRegistrySettings
 from ingest.core.mapping import Mapper
@@ -204,9 +205,9 @@ def test_a_json_schema_pipeline_states_the_columnar_tier_and_why_not_where_it_ca
         def use_columnar(self, columns):
             pass
 
-    def tier(p, exactly_once=False):
+    def tier(p, exactly_once=False):  # the pipeline's own row mapper (a ChangeMapper for change events)
         return write_tier(p, Sink(), columnar_capable=True, exactly_once=exactly_once,
-                          mapper=lambda: Mapper(p.sink.columns, decoder=JsonSchemaDecoder(
+                          mapper=lambda: mapper_for(p, decoder=JsonSchemaDecoder(
                               p, SchemaRegistrySettings(url=stand_in.url))))
 
     assert tier(_pipeline(stand_in.url)) == "columnar"
@@ -215,9 +216,7 @@ def test_a_json_schema_pipeline_states_the_columnar_tier_and_why_not_where_it_ca
     assert tier(_pipeline(stand_in.url, lanes=2), exactly_once=True).startswith(
         "rows (exactly-once delivery with lanes above 1 into a table with a conflict key")
     assert tier(_pipeline(stand_in.url, columnar=False)) == "rows (columnar: false)"
-    assert tier(_pipeline(stand_in.url, envelope="debezium")) == \
-        "rows (JSON Schema change events (an envelope) are written by rows)"
+    assert tier(_pipeline(stand_in.url, envelope="debezium")) == "columnar"  # change events (ingest.cdc.columnar)
+    assert tier(_pipeline(stand_in.url, envelope="debezium", deletes={"mode": "soft"}, lanes=2)) == "columnar"
     assert tier(_pipeline(stand_in.url, transforms=[{"set": {"label": "'x'"}}])).startswith(
         "rows (a JSON Schema pipeline's transforms run on the row path")
-    assert tier(_pipeline(stand_in.url, format="protobuf", envelope="debezium")) == \
-        "rows (Protobuf change events (an envelope) are written by rows)"
