@@ -352,7 +352,7 @@ def test_an_avro_pipeline_states_the_columnar_tier_and_why_not_where_it_cannot(r
         "rows (a change pipeline's transforms run on the row path)"
     assert tier(_pipeline(stand_in.url, envelope="debezium", dlq={"dsn": "postgresql://u@h/d"}, sink={
         "kind": "clickhouse", "url": "http://h:8123", "table": "t", "order_by": ["id"],
-        "columns": {"id": {"type": "Int64"}}})) == "rows (Avro values go columnar into PostgreSQL only)"
+        "columns": {"id": {"type": "Int64"}}})) == "rows (a clickhouse table whose records delete is written by rows)"
 
 
 def test_a_truncated_datum_is_dead_lettered_with_the_same_message_every_time(parts):
