@@ -317,7 +317,7 @@ def _staged_logical(name: str, schema: dict[str, Any], as_type: type) -> _Reader
     - ``bytes-decimal`` of a scale up to :data:`_MAX_PLAIN_SCALE` into a ``str`` subclass: the text of
       the Decimal fastavro returns (``create_decimal(unscaled).scaleb(-scale)`` under the schema's
       precision), for each value of at most ``precision`` digits, which that context does not round;
-      the others are converted by fastavro's reader (exactly, as they are without ``staged``)."""
+      the others are doubtful (fastavro per record, then the row mapper's coercer, decide them)."""
     if name in ("long-timestamp-millis", "long-timestamp-micros") and issubclass(as_type, int):
         factor = 1000 if name == "long-timestamp-millis" else 1
 
@@ -335,9 +335,6 @@ def _staged_logical(name: str, schema: dict[str, Any], as_type: type) -> _Reader
     scale, precision = schema.get("scale", 0), schema.get("precision")
     if name == "bytes-decimal" and issubclass(as_type, str) and type(scale) is int and 0 <= scale <= _MAX_PLAIN_SCALE \
             and type(precision) is int and 0 < precision <= _MAX_FAST_PRECISION:
-        from fastavro._read import LOGICAL_READERS
-
-        exact = LOGICAL_READERS["bytes-decimal"]
         limit = 10**precision
 
         def read_decimals(batch: _Batch, sel: Any) -> list[Any]:
@@ -355,8 +352,9 @@ def _staged_logical(name: str, schema: dict[str, Any], as_type: type) -> _Reader
                     whole = int.from_bytes(b, "big", signed=True)
                     if -limit < whole < limit:
                         out[j] = as_type(_decimal_text(whole, scale))
-                    else:  # the context rounds it: fastavro's own reader (str of its Decimal)
-                        out[j] = as_type(exact(b, schema, None))
+                    else:  # fastavro's context rounds it (or overflows): doubtful, fastavro and the coercer decide
+                        batch.bad[sel[j]] = True
+                        out[j] = None
             return out
 
         return read_decimals

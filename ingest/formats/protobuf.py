@@ -135,7 +135,8 @@ def converter(descriptor: Any, only: Collection[str] | None = None,
     """A function message → dict by field name, for messages of ``descriptor`` (see the module
     docstring for what each kind of field becomes); ``only``: of these fields alone (each exactly as
     the whole converter gives it: lane routing reads the key fields so); ``staged``: fields whose
-    ``google.protobuf.Timestamp`` (not repeated) is given as that ``int`` subclass of its microseconds
+    ``google.protobuf.Timestamp`` (not repeated) is given as that type, when it is an ``int`` subclass
+    (any other field, or type, as always), of its microseconds
     since the epoch (the columnar plan's staged form of the datetime it would be), raising ValueError
     where that datetime does not exist (the whole converter raises OverflowError there).
 
@@ -149,8 +150,8 @@ def converter(descriptor: Any, only: Collection[str] | None = None,
             continue
         read = f"m.{name}" if name.isidentifier() and not keyword.iskeyword(name) else f"getattr(m, {name!r})"
         as_type = (staged or {}).get(name)
-        value_of = _staged_timestamp(as_type) if as_type is not None and _is_timestamp(field) \
-            else _value_converter(field)
+        value_of = _staged_timestamp(as_type) if as_type is not None and issubclass(as_type, int) \
+            and _is_timestamp(field) else _value_converter(field)
         if value_of is not None:
             env[f"c{i}"] = value_of
             read = f"c{i}({read})"
