@@ -48,7 +48,7 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests"), str(ROOT)]
 import orjson  # noqa: E402
 from common import EVENT_AVRO_SCHEMA, event, event_avro_doc  # noqa: E402
 from harness.schema_registry import SchemaRegistryStandIn  # noqa: E402
-from harness.serde import avro_values  # noqa: E402
+from harness.serde import avro_values, avro_varint  # noqa: E402
 from pg_pipeline import COLUMNS  # noqa: E402  (the end-to-end bench's columns)
 
 from ingest.config import PipelineSettings  # noqa: E402
@@ -59,28 +59,17 @@ from ingest.tuning import tune_for_throughput  # noqa: E402
 from ingest.types import Record  # noqa: E402
 
 
-def _varint(n: int) -> bytes:
-    """Avro's zig-zag varint of ``n``."""
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while n & ~0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _text(b: bytes) -> bytes:
-    return _varint(len(b)) + b
+    return avro_varint(len(b)) + b
 
 
 def ocf_block(schema_text: str, datums: list[bytes]) -> bytes:
     """The datums of one writer schema as an Avro object container: header and one null-codec block."""
     sync = os.urandom(16)
-    meta = _varint(2) + _text(b"avro.schema") + _text(schema_text.encode()) + _text(b"avro.codec") + _text(b"null") \
-        + _varint(0)
+    meta = avro_varint(2) + _text(b"avro.schema") + _text(schema_text.encode()) + _text(b"avro.codec") + _text(b"null") \
+        + avro_varint(0)
     data = b"".join(datums)
-    return b"Obj\x01" + meta + sync + _varint(len(datums)) + _varint(len(data)) + data + sync
+    return b"Obj\x01" + meta + sync + avro_varint(len(datums)) + avro_varint(len(data)) + data + sync
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -65,3 +65,14 @@ def protobuf_values(url: str, topic: str, messages: Iterable[Any], *,
                                                                           **dict(conf or {})})
     ctx = SerializationContext(topic, MessageField.VALUE)
     return [serializer(m, ctx) for m in messages]
+
+
+def avro_varint(n: int) -> bytes:
+    """Avro's zig-zag varint of ``n`` (a long's encoding; datums and lengths written by hand)."""
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)

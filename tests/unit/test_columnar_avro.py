@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.schema_registry import SchemaRegistryStandIn
+from harness.serde import avro_varint
 from ingest.cdc.mapper import mapper_for
 from ingest.config import PipelineSettings
 from ingest.config.formats import SchemaRegistrySettings
@@ -510,10 +511,10 @@ def test_a_staged_reader_doubts_timestamps_fastavro_cannot_make_and_rounds_decim
                                                                2 ** (8 * k - 1) - 1, -(2 ** max(8 * k - 9, 0)) - 1)]
     datums = []
     for ms, us, *unscaled in cases:  # written by hand: fastavro's writer refuses the values beyond the edges
-        datum = _zigzag(ms) + _zigzag(us)
+        datum = avro_varint(ms) + avro_varint(us)
         for u in unscaled:
             body = u.to_bytes((u.bit_length() + 8) // 8, "big", signed=True) if u else b""
-            datum += _zigzag(len(body)) + body
+            datum += avro_varint(len(body)) + body
         datums.append(datum)
     reader = compile_batch(schema, None, {"ms": Micros, "us": Micros, "dec": Digits, "big": Digits})
     fields, bad = read_fields(reader, datums, 0)
@@ -534,17 +535,6 @@ def test_a_staged_reader_doubts_timestamps_fastavro_cannot_make_and_rounds_decim
         assert fields["big"][j] == str(doc["big"]) and type(fields["big"][j]) is Digits
     assert bad == [b or j >= len(cases) - 4 for j, b in enumerate(beyond_precision)]
     assert beyond_precision.count(True) == 3  # dec 1000 and -123456, big -(10**30) - 1
-
-
-def _zigzag(n: int) -> bytes:
-    """Avro's zig-zag varint of ``n``."""
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while n & ~0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 @pytest.mark.xdist_group("columnar-avro-batch-reader")  # with its check, on one worker (--dist loadgroup)
