@@ -384,6 +384,9 @@ ALL_TYPES = {"type": "record", "name": "All", "namespace": "t", "fields": [
     {"name": "lus", "type": {"type": "long", "logicalType": "local-timestamp-micros"}},
     {"name": "day", "type": {"type": "int", "logicalType": "date"}},
     {"name": "u", "type": {"type": "string", "logicalType": "uuid"}},
+    {"name": "d0", "type": ["null", {"type": "bytes", "logicalType": "decimal", "precision": 18, "scale": 0}]},
+    {"name": "d6", "type": {"type": "bytes", "logicalType": "decimal", "precision": 20, "scale": 6}},
+    {"name": "mus", "type": ["null", {"type": "long", "logicalType": "timestamp-micros"}]},
 ]}
 ALL_PARSED = parse_schema(ALL_TYPES)
 all_docs = st.fixed_dictionaries({
@@ -395,7 +398,11 @@ all_docs = st.fixed_dictionaries({
     "ms": st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(timezone.utc))
     .map(lambda d: d.replace(microsecond=d.microsecond // 1000 * 1000)),
     "lus": st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30)),
-    "day": st.dates(), "u": st.uuids()})
+    "day": st.dates(), "u": st.uuids(),
+    "d0": st.none() | st.decimals(min_value=-(10**17), max_value=10**17, places=0),
+    "d6": st.decimals(min_value=-(10**13), max_value=10**13, places=6, allow_nan=False),
+    "mus": st.none() | st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30),
+                                    timezones=st.just(timezone.utc))})
 
 
 @st.composite
@@ -473,18 +480,18 @@ def test_the_batch_reader_gives_fastavros_values_or_leaves_the_datum_to_it(datum
 
 BATCH_READ = {"read": 0, "doubted": 0, "prefix": 0}
 #: the fields of ALL_TYPES a staged reader gives as the plan stages them
-STAGED = {"dec": Digits, "ms": Micros}
+STAGED = {"dec": Digits, "d0": Digits, "d6": Digits, "ms": Micros, "mus": Micros}
 
 
 def _staged_as(name: str, v: Any) -> Any:
     """What the plan stages of fastavro's value of field ``name``: the row mapper's coercer of a
     ``numeric`` / ``timestamptz`` column keeps it as it is, then :func:`_precoerced` makes it
     :class:`Digits` (its text) or :class:`Micros` (microseconds since the epoch)."""
-    if name == "dec":
+    if v is None or STAGED.get(name) is None:
+        return v
+    if STAGED[name] is Digits:
         return Digits(v)
-    if name == "ms":
-        return Micros((v - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1))
-    return v
+    return Micros((v - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1))
 
 
 def test_a_staged_reader_doubts_timestamps_fastavro_cannot_make_and_rounds_decimals_as_it_does():
