@@ -61,7 +61,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
      ("(end-to-end tables: 1000 keys with FINAL, as expected; poison tables:", "ingest's own CPU per record (lanes=1)",
       re.compile(r"\(e\) ingest run, lanes=1 .*written columnar 100\.00 %"),
       re.compile(r"\(e\) ingest run, lanes=1, rows .*fast path 100\.00 %"),
-      re.compile(r"row path \(lanes=1, rows\): e / \(a\) = [\d.]+, own CPU [\d.]+ us per record"))),
+      re.compile(r"row path \(lanes=1, rows\): e / \(a\) = [\d.]+, own CPU -?[\d.]+ us per record"))),
     # ingest's own CPU by thread (threads named by bench/thread_names.py) and by stage (py-spy's stacks
     # of the pipeline thread given to the hot path's stages)
     ("hot_path_profile.py", ["--records", "3000", "--rounds", "1"],
