@@ -1,7 +1,7 @@
 """Kafka → PostgreSQL benchmark: end-to-end beside its bounds, measured in one run.
 
     .venv/bin/python bench/pg_pipeline.py [--records 200000] [--naive-records 5000] [--rounds 3]
-                                          [--format json|avro|protobuf|json_schema|both|all|json+json_schema]
+                                          [--format json|avro|protobuf|json_schema|both|all|json+json_schema|every]
 
 Starts an embedded broker (Tansu) and uses ``$INGEST_PG_DSN`` or an embedded
 PostgreSQL (pgserver), produces one topic of JSON records (6 partitions, ~110 B
@@ -57,7 +57,8 @@ the ratios Avro/JSON of the medians. ``--format all``
 does the same with JSON, Avro and Protobuf (their order rotating per round), adding Protobuf rows
 and the ratios Protobuf/JSON. ``--format json_schema`` reads the records as confluent-kafka's
 JSONSerializer makes them (the JSON after the wire-format prefix of a registered JSON Schema), and
-``--format json+json_schema`` runs JSON and JSON Schema side by side as ``both`` does. With Avro or Protobuf, the script checks that each of their
+``--format json+json_schema`` runs JSON and JSON Schema side by side as ``both`` does, and ``--format every``
+all four formats. With Avro or Protobuf, the script checks that each of their
 end-to-end tables (and, with ``both`` or ``all``, each JSON one) holds the stream's last record
 per key, and exits non-zero when it does not.
 """
@@ -141,7 +142,8 @@ WIDTH = len(COLUMNS)
 
 #: ``--format`` → the formats end to end reads, in the order of their first round.
 FORMATS = {"json": ["json"], "avro": ["avro"], "protobuf": ["protobuf"], "json_schema": ["json_schema"],
-           "both": ["json", "avro"], "all": ["json", "avro", "protobuf"], "json+json_schema": ["json", "json_schema"]}
+           "both": ["json", "avro"], "all": ["json", "avro", "protobuf"], "json+json_schema": ["json", "json_schema"],
+           "every": ["json", "avro", "protobuf", "json_schema"]}
 #: The formats read through the Schema Registry (the script then starts its stand-in).
 REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
 NAMES = {"json": "JSON", "avro": "Avro", "protobuf": "Protobuf", "json_schema": "JSON Schema"}
@@ -508,7 +510,7 @@ def main() -> None:
     ap.add_argument("--format", choices=list(FORMATS), default="json",
                     help="the values end to end reads: JSON, Avro, Protobuf or JSON Schema (Schema Registry wire "
                          "format), JSON and Avro side by side (both), JSON, Avro and Protobuf (all), or JSON and "
-                         "JSON Schema (json+json_schema), interleaved; "
+                         "JSON Schema (json+json_schema), or all four (every), interleaved; "
                          "(a)-(d) always read the JSON stream")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON to this file")
     ap.add_argument("--no-wide", action="store_true",
